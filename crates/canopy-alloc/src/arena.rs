@@ -1,0 +1,250 @@
+//! The address space and its descriptor table.
+//!
+//! Canopy reserves one contiguous *arena* when it starts.  The arena is cut
+//! into 64 KiB *units*; a unit is a small-object slab, part of a 1 MiB page
+//! of a thread's local heap, part of a large chunk, or free.  Every unit has a
+//! 64-byte [`Desc`] in a separate *descriptor table*, so (as in Myrmics) no
+//! metadata lives inside the data: finding a pointer's descriptor is
+//! `table[(p - base) >> 16]`, one subtraction, one shift and a bounds check,
+//! and a pointer that is not ours fails the bounds check or finds a unit whose
+//! kind says it holds no live block.
+//!
+//! ```text
+//!  arena:  | unit 0 | unit 1 | ... | unit 15 | unit 16 | ...        (64 KiB each)
+//!          |<------ page 0 (1 MiB) -------->|<---- page 1 ...
+//!  table:  [desc 0][desc 1] ... [desc 15][desc 16] ...               (64 B each)
+//! ```
+//!
+//! Invariants (checked by `debug_check_unit` in debug builds):
+//! - `owner != 0` only for a unit of kind `SMALL` whose heap is live, and then
+//!   `owner` is the id of the thread that runs that heap (or `0` in check mode,
+//!   which sends every free through the checked slow path).
+//! - A unit whose kind is not `SMALL` has `owner == 0`.
+//! - For a `SMALL` unit: `used + |free list| + (capacity - carved blocks) == capacity`
+//!   for blocks in the owner's hands; blocks in flight to the owner as remote
+//!   frees count as used until the owner drains them.
+
+use crate::heap::Heap;
+use canopy_sync::prim::{AtomicPtr, AtomicUsize, Ordering};
+use core::ptr;
+
+/// log2 of the unit (slab) size.
+pub const UNIT_SHIFT: usize = 16;
+/// Unit (slab) size: 64 KiB.
+pub const UNIT: usize = 1 << UNIT_SHIFT;
+/// Units per page.
+pub const PAGE_UNITS: usize = 16;
+/// Page size: 1 MiB, the unit the global heap hands to thread heaps.
+pub const PAGE: usize = UNIT * PAGE_UNITS;
+/// Most units the arena can have (128 GiB).
+pub const MAX_UNITS: usize = 1 << 21;
+
+/// What a unit holds.
+pub mod kind {
+    /// Never used, or not part of the arena.
+    pub const NONE: u8 = 0;
+    /// A slab of small blocks of one class.
+    pub const SMALL: u8 = 1;
+    /// Part of a medium page of a thread's local heap.
+    pub const MEDIUM: u8 = 2;
+    /// First unit of a large chunk.
+    pub const LARGE: u8 = 3;
+    /// Another unit of a large chunk.
+    pub const LARGE_BODY: u8 = 4;
+    /// The unit holding the (over-aligned) user pointer of a large chunk that starts earlier.
+    pub const LARGE_ALIGNED: u8 = 5;
+    /// First unit of a free span of the global heap.
+    pub const FREE_SPAN: u8 = 6;
+    /// Another unit of a free span.
+    pub const FREE_BODY: u8 = 7;
+    /// A unit of a thread heap's page that is not in use.
+    pub const HEAP_FREE: u8 = 8;
+}
+
+/// Slab flag: the slab is on its heap's full list.
+pub const FLAG_FULL: u8 = 1;
+/// Span flag: the span may hold committed memory.
+pub const SPAN_COMMITTED: u8 = 1;
+/// Span flag: the span is known to read as zero.
+pub const SPAN_ZEROED: u8 = 2;
+
+/// A free small block: its first word links the free list (or the remote
+/// queue); its second word holds [`free_tag`] while it is free.
+#[repr(C)]
+pub struct Block {
+    /// Next free block.
+    pub next: *mut Block,
+    /// `free_tag()` while free (a hint for double-free detection).
+    pub tag: usize,
+}
+
+/// The descriptor of one unit.  Fields are read and written through raw
+/// pointers: the owner thread writes the plain fields; other threads read
+/// only `owner`, `heap`, `kind`, `class` and `size`, which do not change while
+/// a block of the unit is live.
+#[repr(C, align(64))]
+pub struct Desc {
+    /// SMALL: local free list.  LARGE_ALIGNED: the user pointer.
+    pub free: *mut Block,
+    /// SMALL: id of the owning thread, 0 if none (see the module invariants).
+    pub owner: AtomicUsize,
+    /// SMALL: live blocks (including ones in flight as remote frees).
+    /// MEDIUM (first unit of a page): live chunks in the page.
+    pub used: u32,
+    /// One of [`kind`].
+    pub kind: u8,
+    /// SMALL: size class.
+    pub class: u8,
+    /// SMALL: [`FLAG_FULL`]; spans: `SPAN_*`.
+    pub flags: u8,
+    /// First unit of a heap page: how many of its units are `HEAP_FREE`.
+    pub page_free: u8,
+    /// SMALL: `u64::MAX / size + 1`, for the divisibility test of block starts.
+    pub divc: u64,
+    /// SMALL, MEDIUM, HEAP_FREE: the owning heap.
+    pub heap: AtomicPtr<Heap>,
+    /// List links (slab lists, free unit lists, span bins, medium page list).
+    /// FREE_BODY last unit / LARGE_ALIGNED: `next` points at the span's first unit.
+    pub next: *mut Desc,
+    /// List links.
+    pub prev: *mut Desc,
+    /// SMALL: bytes carved so far.  Spans: length in units.  MEDIUM first unit: bump offset.
+    pub a: u32,
+    /// SMALL: block size.  LARGE: requested size (saturating).
+    pub b: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<Desc>() == 64);
+
+impl Desc {
+    /// An unused descriptor.
+    pub const fn new() -> Desc {
+        Desc {
+            free: ptr::null_mut(),
+            owner: AtomicUsize::new(0),
+            used: 0,
+            kind: kind::NONE,
+            class: 0,
+            flags: 0,
+            page_free: 0,
+            divc: 0,
+            heap: AtomicPtr::new(ptr::null_mut()),
+            next: ptr::null_mut(),
+            prev: ptr::null_mut(),
+            a: 0,
+            b: 0,
+        }
+    }
+}
+
+/// Base address of the arena (0 until initialised).
+pub(crate) static ARENA_BASE: AtomicUsize = AtomicUsize::new(0);
+/// Units reserved in the arena.
+pub(crate) static ARENA_UNITS: AtomicUsize = AtomicUsize::new(0);
+/// Address of the descriptor table.
+pub(crate) static DESC_BASE: AtomicPtr<Desc> = AtomicPtr::new(ptr::null_mut());
+
+/// Arena base (relaxed: set once before any pointer into the arena exists).
+#[inline(always)]
+pub fn arena_base() -> usize {
+    ARENA_BASE.load(Ordering::Relaxed)
+}
+
+/// Unit index of `p`, or a value `>= MAX_UNITS` if `p` is not in the arena.
+#[inline(always)]
+pub fn unit_index(p: usize) -> usize {
+    p.wrapping_sub(arena_base()) >> UNIT_SHIFT
+}
+
+/// Descriptor of unit `idx`.
+///
+/// # Safety
+/// `idx < MAX_UNITS` and the arena is initialised.
+#[inline(always)]
+pub unsafe fn desc(idx: usize) -> *mut Desc {
+    // SAFETY: the table covers MAX_UNITS descriptors (caller checks idx).
+    unsafe { DESC_BASE.load(Ordering::Relaxed).add(idx) }
+}
+
+/// Index of a descriptor.
+#[inline(always)]
+pub fn desc_index(d: *const Desc) -> usize {
+    (d as usize - DESC_BASE.load(Ordering::Relaxed) as usize) / core::mem::size_of::<Desc>()
+}
+
+/// Address of the unit a descriptor describes.
+#[inline(always)]
+pub fn unit_addr(d: *const Desc) -> *mut u8 {
+    (arena_base() + (desc_index(d) << UNIT_SHIFT)) as *mut u8
+}
+
+/// Units actually reserved.
+pub fn arena_units() -> usize {
+    ARENA_UNITS.load(Ordering::Relaxed)
+}
+
+/// Reserve the arena and the descriptor table.  Called once, under the
+/// global lock.  Returns false if the OS refuses even 1 GiB.
+pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
+    let table_bytes = MAX_UNITS * core::mem::size_of::<Desc>();
+    let Ok(table) = canopy_sys::reserve_aligned(table_bytes, PAGE) else {
+        return false;
+    };
+    let mut gb = arena_gb.min((MAX_UNITS * UNIT) >> 30).max(1);
+    loop {
+        match canopy_sys::reserve_aligned(gb << 30, 1 << 30) {
+            Ok(base) => {
+                if huge {
+                    // SAFETY: base..base+gb GiB was just reserved.
+                    unsafe { canopy_sys::advise_huge(base, gb << 30) };
+                }
+                DESC_BASE.store(table as *mut Desc, Ordering::Relaxed);
+                ARENA_UNITS.store((gb << 30) >> UNIT_SHIFT, Ordering::Relaxed);
+                // Release: a thread that sees the base also sees the table.
+                ARENA_BASE.store(base as usize, Ordering::Release);
+                return true;
+            }
+            Err(_) if gb > 1 => gb /= 2,
+            Err(_) => {
+                // SAFETY: the table reservation is ours and unused.
+                unsafe { canopy_sys::release(table, table_bytes) };
+                return false;
+            }
+        }
+    }
+}
+
+/// The tag a free small block carries in its second word: a per-process
+/// constant mixed with the block address, so user data rarely matches it.
+#[inline(always)]
+pub fn free_tag(p: usize) -> usize {
+    p ^ FREE_KEY.load(Ordering::Relaxed)
+}
+
+pub(crate) static FREE_KEY: AtomicUsize = AtomicUsize::new(0x5bd1_e995_a3c5_9ac3);
+
+/// Pick the process's free-tag key (from the arena address and the clock).
+pub(crate) fn init_free_key() {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let mut x = (ts.tv_nsec as usize) ^ ((ts.tv_sec as usize) << 32) ^ arena_base() ^ 0x9e37_79b9_7f4a_7c15;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    FREE_KEY.store(x | 1, Ordering::Relaxed);
+}
+
+/// Set kind and clear owner for `n` units from `idx`.
+///
+/// # Safety
+/// The units are in the arena and owned by the caller (global heap under its
+/// lock, or the heap that owns them).
+pub(crate) unsafe fn mark_units(idx: usize, n: usize, k: u8) {
+    for i in idx..idx + n {
+        // SAFETY: caller's contract.
+        let d = unsafe { &mut *desc(i) };
+        d.owner.store(0, Ordering::Relaxed);
+        d.kind = k;
+    }
+}

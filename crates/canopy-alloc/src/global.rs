@@ -1,0 +1,351 @@
+//! The global heap: owner of the arena (SAC's top-level heap).
+//!
+//! It hands out *spans* of consecutive 64 KiB units: 1 MiB pages (aligned) to
+//! thread heaps, and large chunks directly to the program.  Freed spans are
+//! kept and reused (coalesced with free neighbours at once, in O(1) through
+//! the descriptor table) instead of being unmapped per request: unmapping per
+//! request is what made Hoard ten times slower at X = 1000 in the SAC paper.
+//!
+//! Returning memory to the OS, the policy: the global heap keeps at most
+//! `CANOPY_RETAIN_MB` of committed free memory.  When a free pushes it above
+//! that, free spans are decommitted (`MADV_DONTNEED`), largest first, until at
+//! most half of it is left.  `canopy_collect()` decommits every free span now.
+//!
+//! Free spans sit in bins by length: bins 1..=63 hold spans of exactly that
+//! many units, bin 64 the longer ones.  Lists are doubly linked through the
+//! descriptors so a neighbour can be unlinked in O(1) when coalescing.
+//!
+//! Locking: one lock (`GLOBAL.lock`) guards the spans, the list of heaps and
+//! the abandoned heaps.  It is only taken on slow paths, and not at all while
+//! a single thread has a heap (see `crate::solo`).
+
+use crate::arena::{self, desc, desc_index, kind, Desc, SPAN_COMMITTED, SPAN_ZEROED, UNIT, UNIT_SHIFT};
+use crate::heap::Heap;
+use core::cell::UnsafeCell;
+use core::ptr;
+
+const BINS: usize = 65;
+
+/// The global heap's state (only touched under its lock).
+pub(crate) struct GlobalState {
+    /// First unit never handed out.
+    pub top: usize,
+    /// Heads of the span bins (index = length, 64 = longer).
+    bins: [*mut Desc; BINS],
+    /// Units in free spans flagged committed.
+    pub free_committed_units: usize,
+    /// Units in free spans.
+    pub free_units: usize,
+    /// Every heap ever created (linked by `Heap::next_all`).
+    pub heaps: *mut Heap,
+    /// Heaps whose thread exited, waiting for adoption.
+    pub abandoned: *mut Heap,
+    /// Counters.
+    pub stats: GlobalCounters,
+}
+
+/// Counters of the global heap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GlobalCounters {
+    /// Large chunks allocated.
+    pub large_allocs: u64,
+    /// Large chunks freed.
+    pub large_frees: u64,
+    /// Bytes in live large chunks.
+    pub large_bytes: u64,
+    /// Pages handed to thread heaps.
+    pub pages_out: u64,
+    /// Pages given back by thread heaps.
+    pub pages_back: u64,
+    /// Bytes decommitted (given back to the OS).
+    pub bytes_decommitted: u64,
+    /// Decommit operations.
+    pub decommits: u64,
+    /// Span coalescings.
+    pub span_coalescings: u64,
+    /// Heaps created.
+    pub heaps_created: u64,
+    /// Heaps adopted from exited threads.
+    pub heaps_adopted: u64,
+    /// Heaps abandoned by exiting threads.
+    pub heaps_abandoned: u64,
+}
+
+pub(crate) struct Global {
+    pub lock: canopy_sync::RawLock,
+    pub state: UnsafeCell<GlobalState>,
+}
+
+// SAFETY: `state` is only accessed while `lock` is held (or while the process
+// is known to have a single thread with a heap, see crate::solo).
+unsafe impl Sync for Global {}
+
+pub(crate) static GLOBAL: Global = Global {
+    lock: canopy_sync::RawLock::new(),
+    state: UnsafeCell::new(GlobalState {
+        top: 0,
+        bins: [ptr::null_mut(); BINS],
+        free_committed_units: 0,
+        free_units: 0,
+        heaps: ptr::null_mut(),
+        abandoned: ptr::null_mut(),
+        stats: GlobalCounters {
+            large_allocs: 0,
+            large_frees: 0,
+            large_bytes: 0,
+            pages_out: 0,
+            pages_back: 0,
+            bytes_decommitted: 0,
+            decommits: 0,
+            span_coalescings: 0,
+            heaps_created: 0,
+            heaps_adopted: 0,
+            heaps_abandoned: 0,
+        },
+    }),
+};
+
+/// Access the global state.
+///
+/// # Safety
+/// The caller holds the global lock (see [`crate::solo::lock`]).
+#[allow(clippy::mut_from_ref)]
+pub(crate) unsafe fn state() -> &'static mut GlobalState {
+    // SAFETY: caller holds the lock, so this is the only live reference.
+    unsafe { &mut *GLOBAL.state.get() }
+}
+
+fn bin_of(units: usize) -> usize {
+    units.min(BINS - 1)
+}
+
+impl GlobalState {
+    /// Put a free span in its bin and mark its units.
+    unsafe fn insert_free(&mut self, idx: usize, n: usize, flags: u8) {
+        debug_assert!(n > 0);
+        // SAFETY: idx..idx+n are arena units owned by the global heap.
+        unsafe {
+            arena::mark_units(idx, n, kind::FREE_BODY);
+            let first = desc(idx);
+            (*first).kind = kind::FREE_SPAN;
+            (*first).a = n as u32;
+            (*first).flags = flags;
+            let last = desc(idx + n - 1);
+            let b = bin_of(n);
+            (*first).prev = ptr::null_mut();
+            (*first).next = self.bins[b];
+            if !self.bins[b].is_null() {
+                (*self.bins[b]).prev = first;
+            }
+            self.bins[b] = first;
+            if n > 1 {
+                // The last unit points back at the first for left coalescing.
+                (*last).next = first;
+            }
+        }
+        self.free_units += n;
+        if flags & SPAN_COMMITTED != 0 {
+            self.free_committed_units += n;
+        }
+    }
+
+    /// Take a free span out of its bin.
+    unsafe fn unlink_free(&mut self, first: *mut Desc) {
+        // SAFETY: first is the head unit of a free span in a bin.
+        unsafe {
+            let n = (*first).a as usize;
+            let b = bin_of(n);
+            if (*first).prev.is_null() {
+                debug_assert_eq!(self.bins[b], first);
+                self.bins[b] = (*first).next;
+            } else {
+                (*(*first).prev).next = (*first).next;
+            }
+            if !(*first).next.is_null() {
+                (*(*first).next).prev = (*first).prev;
+            }
+            self.free_units -= n;
+            if (*first).flags & SPAN_COMMITTED != 0 {
+                self.free_committed_units -= n;
+            }
+        }
+    }
+
+    /// Allocate `n` units aligned to `align` units.  Returns the first unit's
+    /// index and whether the span reads as zero.
+    pub(crate) unsafe fn alloc_span(&mut self, n: usize, align: usize) -> Option<(usize, bool)> {
+        debug_assert!(align.is_power_of_two() && n > 0);
+        // Bins first: first fit, a few candidates per bin.
+        let mut b = bin_of(n);
+        while b < BINS {
+            let mut d = self.bins[b];
+            let mut tries = 0;
+            while !d.is_null() && tries < 16 {
+                // SAFETY: d is a free span head in a bin.
+                let (len, flags) = unsafe { ((*d).a as usize, (*d).flags) };
+                let s = desc_index(d);
+                let at = (s + align - 1) & !(align - 1);
+                if len >= n && at + n <= s + len {
+                    // SAFETY: d is in a bin; the pieces are ours to re-insert.
+                    unsafe {
+                        self.unlink_free(d);
+                        if at > s {
+                            self.insert_free(s, at - s, flags);
+                        }
+                        if at + n < s + len {
+                            self.insert_free(at + n, s + len - at - n, flags);
+                        }
+                    }
+                    return Some((at, flags & SPAN_ZEROED != 0));
+                }
+                // SAFETY: d is a valid descriptor in the list.
+                d = unsafe { (*d).next };
+                tries += 1;
+            }
+            b += 1;
+        }
+        // Then fresh units from the top of the arena.
+        let at = (self.top + align - 1) & !(align - 1);
+        if at + n > arena::arena_units() {
+            return None;
+        }
+        if at > self.top {
+            // SAFETY: units top..at are fresh arena units.
+            unsafe { self.insert_free(self.top, at - self.top, SPAN_ZEROED) };
+        }
+        self.top = at + n;
+        Some((at, true))
+    }
+
+    /// Give back `n` units from `idx`, coalescing with free neighbours, then
+    /// apply the decommit policy.
+    pub(crate) unsafe fn free_span(&mut self, idx: usize, n: usize, committed: bool, retain_bytes: usize) {
+        let mut start = idx;
+        let mut len = n;
+        let mut flags = if committed { SPAN_COMMITTED } else { SPAN_ZEROED };
+        // SAFETY: neighbours are arena units; their kinds tell whether they
+        // are free spans owned by us.
+        unsafe {
+            if start > 0 {
+                let left = desc(start - 1);
+                let head = match (*left).kind {
+                    kind::FREE_SPAN => left,
+                    kind::FREE_BODY => (*left).next,
+                    _ => ptr::null_mut(),
+                };
+                if !head.is_null() {
+                    debug_assert_eq!((*head).kind, kind::FREE_SPAN);
+                    let hl = (*head).a as usize;
+                    let hs = desc_index(head);
+                    debug_assert_eq!(hs + hl, start);
+                    let hf = (*head).flags;
+                    self.unlink_free(head);
+                    start = hs;
+                    len += hl;
+                    flags = merge_flags(flags, hf);
+                    self.stats.span_coalescings += 1;
+                }
+            }
+            if start + len < self.top {
+                let right = desc(start + len);
+                if (*right).kind == kind::FREE_SPAN {
+                    let rl = (*right).a as usize;
+                    let rf = (*right).flags;
+                    self.unlink_free(right);
+                    len += rl;
+                    flags = merge_flags(flags, rf);
+                    self.stats.span_coalescings += 1;
+                }
+            }
+            self.insert_free(start, len, flags);
+        }
+        if self.free_committed_units * UNIT > retain_bytes {
+            // SAFETY: we hold the lock (caller's contract).
+            unsafe { self.decommit_down_to(retain_bytes / 2) };
+        }
+    }
+
+    /// Decommit free spans, largest bins first, until at most `keep` bytes of
+    /// committed free memory remain.  Returns bytes decommitted.
+    pub(crate) unsafe fn decommit_down_to(&mut self, keep: usize) -> usize {
+        let mut done = 0;
+        let mut b = BINS;
+        while b > 0 && self.free_committed_units * UNIT > keep {
+            b -= 1;
+            let mut d = self.bins[b];
+            while !d.is_null() && self.free_committed_units * UNIT > keep {
+                // SAFETY: d is a free span head; its units are ours and dead.
+                unsafe {
+                    if (*d).flags & SPAN_COMMITTED != 0 {
+                        let n = (*d).a as usize;
+                        let addr = arena::unit_addr(d);
+                        if canopy_sys::decommit(addr, n << UNIT_SHIFT).is_ok() {
+                            (*d).flags = SPAN_ZEROED;
+                            self.free_committed_units -= n;
+                            self.stats.bytes_decommitted += (n << UNIT_SHIFT) as u64;
+                            self.stats.decommits += 1;
+                            done += n << UNIT_SHIFT;
+                        }
+                    }
+                    d = (*d).next;
+                }
+            }
+        }
+        done
+    }
+
+    /// Bytes the global heap has handed out or keeps committed (an upper
+    /// bound on what the arena holds in physical memory).
+    pub(crate) fn committed_bytes(&self) -> usize {
+        (self.top - (self.free_units - self.free_committed_units)) << UNIT_SHIFT
+    }
+
+    /// Walk every free span and check the bins' invariants (debug and tests).
+    pub(crate) unsafe fn check(&self) -> Result<(), &'static str> {
+        let mut units = 0;
+        let mut committed = 0;
+        for b in 0..BINS {
+            let mut d = self.bins[b];
+            let mut prev: *mut Desc = ptr::null_mut();
+            while !d.is_null() {
+                // SAFETY: bins hold valid descriptors.
+                unsafe {
+                    if (*d).kind != kind::FREE_SPAN {
+                        return Err("a bin holds a unit that is not a free span head");
+                    }
+                    if (*d).prev != prev {
+                        return Err("broken back link in a span bin");
+                    }
+                    let n = (*d).a as usize;
+                    if bin_of(n) != b {
+                        return Err("span in the wrong bin");
+                    }
+                    let s = desc_index(d);
+                    for i in s + 1..s + n {
+                        if (*desc(i)).kind != kind::FREE_BODY {
+                            return Err("a free span's body unit has another kind");
+                        }
+                    }
+                    if n > 1 && (*desc(s + n - 1)).next != d {
+                        return Err("a free span's last unit does not point at its head");
+                    }
+                    units += n;
+                    if (*d).flags & SPAN_COMMITTED != 0 {
+                        committed += n;
+                    }
+                    prev = d;
+                    d = (*d).next;
+                }
+            }
+        }
+        if units != self.free_units || committed != self.free_committed_units {
+            return Err("free unit counters disagree with the bins");
+        }
+        Ok(())
+    }
+}
+
+fn merge_flags(a: u8, b: u8) -> u8 {
+    // Committed if either part may be; zeroed only if both are.
+    ((a | b) & SPAN_COMMITTED) | (a & b & SPAN_ZEROED)
+}

@@ -1,0 +1,804 @@
+//! Thread heaps: the SAC *local heaps* with their slab *subheaps*.
+//!
+//! Each thread that allocates gets a [`Heap`].  It takes 1 MiB pages from the
+//! global heap and cuts them into 64 KiB slabs, one size class per slab (the
+//! arena matrix row x column is `class x heap`), or uses whole pages for medium
+//! chunks (see `medium.rs`).
+//!
+//! Fast paths (no atomics, no locks):
+//! - `alloc`: pop the free list of `current[class]`.
+//! - `free` by the owner thread: push on the slab's free list.
+//!
+//! Slow path (`alloc_small_slow`): drain the inbox of remote frees, send the
+//! outgoing remote batches, carve more blocks from the current slab (lazily,
+//! 4 KiB at a time, so untouched memory is never committed), else take a slab
+//! with free blocks of that class, else a fresh slab from the heap's free
+//! units, else a new page from the global heap.
+//!
+//! Frees by another thread are messages to the owner: the freeing thread
+//! batches them per destination heap in its [`RemoteCache`] and sends a batch
+//! with one atomic swap into the owner's inbox (`canopy_sync::MpscQueue`);
+//! the owner drains its inbox on its slow path.
+//!
+//! A heap outlives its thread: when the thread exits, the heap is *abandoned*
+//! (its slabs lose their owner, empty pages go back to the global heap) and
+//! the next thread that needs a heap *adopts* it with all its memory.
+//!
+//! Invariants (checked by [`Heap::check`]):
+//! - `cur[c]` is `EMPTY_DESC` or a SMALL slab of class `c` on no list;
+//!   `current[c] == cur[c]` except in check mode, where it is `EMPTY_DESC`.
+//! - A slab on `avail[c]` has no FULL flag; a slab on `full[c]` has it.
+//! - Every slab's `heap` is this heap, and `owner` is `tid` while the heap is
+//!   live outside check mode.
+
+use crate::arena::{self, desc, desc_index, free_tag, kind, Block, Desc, FLAG_FULL, PAGE_UNITS, UNIT};
+use crate::global;
+use crate::medium::Medium;
+use crate::size_class::{class_size, NUM_CLASSES, SMALL_CLASSES};
+use canopy_sync::prim::{AtomicU64, AtomicUsize, Ordering};
+use canopy_sync::{CachePadded, MpscQueue, Node};
+use core::ptr;
+
+/// Slots in a thread's cache of outgoing remote-free batches.
+const REMOTE_SLOTS: usize = 8;
+/// Bytes carved from a slab at a time.
+const CARVE_BYTES: usize = 4096;
+
+/// A batch of frees for one destination heap.
+#[derive(Clone, Copy)]
+struct RemoteSlot {
+    heap: *mut Heap,
+    first: *mut Node,
+    last: *mut Node,
+    count: usize,
+}
+
+const EMPTY_SLOT: RemoteSlot = RemoteSlot { heap: ptr::null_mut(), first: ptr::null_mut(), last: ptr::null_mut(), count: 0 };
+
+/// Figures a heap publishes for the statistics (read by other threads).
+pub(crate) struct Published {
+    /// Live blocks per class (slabs) or live chunks (medium).
+    pub blocks: [AtomicU64; NUM_CLASSES],
+    /// Units (slabs) per small class.
+    pub slabs: [AtomicU64; SMALL_CLASSES],
+    /// Counters, in the order of [`HeapCounters`].
+    pub counters: [AtomicU64; COUNTERS],
+    /// Pages (small + medium) the heap holds.
+    pub pages: AtomicU64,
+    /// Small allocations.
+    pub small_allocs: AtomicU64,
+}
+
+/// Number of per-heap counters.
+pub(crate) const COUNTERS: usize = 9;
+
+/// Per-heap event counters (owner-only, published for statistics).
+#[derive(Clone, Copy, Default, Debug)]
+pub(crate) struct HeapCounters {
+    pub medium_allocs: u64,
+    pub remote_frees_sent: u64,
+    pub remote_batches_sent: u64,
+    pub remote_frees_received: u64,
+    pub coalescings: u64,
+    pub slabs_made: u64,
+    pub pages_taken: u64,
+    pub pages_returned: u64,
+    pub large_allocs: u64,
+}
+
+impl HeapCounters {
+    fn as_array(&self) -> [u64; COUNTERS] {
+        [
+            self.medium_allocs,
+            self.remote_frees_sent,
+            self.remote_batches_sent,
+            self.remote_frees_received,
+            self.coalescings,
+            self.slabs_made,
+            self.pages_taken,
+            self.pages_returned,
+            self.large_allocs,
+        ]
+    }
+}
+
+/// A thread's local heap.  `repr(C)` with `current` first so the fast path
+/// reaches a class's slab with one load from the heap pointer.
+#[repr(C)]
+pub struct Heap {
+    /// Fast-path view of the current slab per small class.
+    pub(crate) current: [*mut Desc; SMALL_CLASSES],
+    /// Small allocations served by the fast path (owner-only).
+    pub(crate) allocs: u64,
+    /// Thread id of the owner, 0 while abandoned.
+    pub(crate) tid: usize,
+    /// Slow-path view of the current slab per class.
+    cur: [*mut Desc; SMALL_CLASSES],
+    /// Slabs with free blocks (not current), per class.
+    avail: [*mut Desc; SMALL_CLASSES],
+    /// Slabs without free blocks, per class.
+    full: [*mut Desc; SMALL_CLASSES],
+    /// Free units of this heap's pages.
+    free_units: *mut Desc,
+    /// Pages whose 16 units are all free.
+    free_pages: usize,
+    /// Pages held for slabs.
+    small_pages: usize,
+    /// The medium (local heap) part.
+    pub(crate) medium: Medium,
+    /// Outgoing remote frees.
+    remote: [RemoteSlot; REMOTE_SLOTS],
+    /// Counters.
+    pub(crate) counters: HeapCounters,
+    /// Statistics epoch last published.
+    seen_epoch: usize,
+    /// Published statistics.
+    pub(crate) published: Published,
+    /// Incoming remote frees (written by other threads).
+    inbox: CachePadded<MpscQueue>,
+    /// Next heap in the global list of heaps.
+    pub(crate) next_all: *mut Heap,
+    /// Next abandoned heap.
+    pub(crate) next_abandoned: *mut Heap,
+    /// Sequence number (for hashing and reports).
+    pub(crate) id: usize,
+}
+
+/// The descriptor every empty `current` slot points at: no free blocks, so the
+/// fast path falls through to the slow path.  Never written.
+pub(crate) static EMPTY_DESC: SyncDesc = SyncDesc(Desc::new());
+
+/// Wrapper making the static descriptor shareable.
+#[repr(transparent)]
+pub(crate) struct SyncDesc(pub Desc);
+// SAFETY: EMPTY_DESC is never written (its free list is empty, so no path
+// pops from or pushes to it).
+unsafe impl Sync for SyncDesc {}
+
+#[inline(always)]
+pub(crate) fn empty_desc() -> *mut Desc {
+    &EMPTY_DESC.0 as *const Desc as *mut Desc
+}
+
+/// The heap a thread has before its first allocation: every class points at
+/// [`EMPTY_DESC`], so its first allocation takes the slow path, which creates
+/// or adopts a real heap.
+pub(crate) static EMPTY_HEAP: SyncHeap = SyncHeap(Heap::new_empty());
+
+/// Wrapper making the static heap shareable.
+#[repr(transparent)]
+pub(crate) struct SyncHeap(pub Heap);
+// SAFETY: EMPTY_HEAP is never written: its slabs are all EMPTY_DESC, so the
+// fast path never succeeds on it, and the slow path replaces it first.
+unsafe impl Sync for SyncHeap {}
+
+#[inline(always)]
+pub(crate) fn empty_heap() -> *mut Heap {
+    &EMPTY_HEAP.0 as *const Heap as *mut Heap
+}
+
+/// `tid` of a heap whose thread vanished in a `fork()` (never adopted).
+pub(crate) const DEAD_TID: usize = usize::MAX;
+
+/// Statistics epoch: bumped by a snapshot to ask every heap to publish.
+pub(crate) static STATS_EPOCH: AtomicUsize = AtomicUsize::new(1);
+
+#[allow(clippy::declare_interior_mutable_const)]
+const ZERO: AtomicU64 = AtomicU64::new(0);
+
+impl Heap {
+    const fn new_empty() -> Heap {
+        let e = &EMPTY_DESC.0 as *const Desc as *mut Desc;
+        Heap {
+            current: [e; SMALL_CLASSES],
+            allocs: 0,
+            tid: 0,
+            cur: [e; SMALL_CLASSES],
+            avail: [ptr::null_mut(); SMALL_CLASSES],
+            full: [ptr::null_mut(); SMALL_CLASSES],
+            free_units: ptr::null_mut(),
+            free_pages: 0,
+            small_pages: 0,
+            medium: Medium::new(),
+            remote: [EMPTY_SLOT; REMOTE_SLOTS],
+            counters: HeapCounters {
+                medium_allocs: 0,
+                remote_frees_sent: 0,
+                remote_batches_sent: 0,
+                remote_frees_received: 0,
+                coalescings: 0,
+                slabs_made: 0,
+                pages_taken: 0,
+                pages_returned: 0,
+                large_allocs: 0,
+            },
+            seen_epoch: 0,
+            published: Published { blocks: [ZERO; NUM_CLASSES], slabs: [ZERO; SMALL_CLASSES], counters: [ZERO; COUNTERS], pages: ZERO, small_allocs: ZERO },
+            inbox: CachePadded::new(MpscQueue::new()),
+            next_all: ptr::null_mut(),
+            next_abandoned: ptr::null_mut(),
+            id: 0,
+        }
+    }
+
+    /// Build a heap in place at `at` (metadata memory).
+    ///
+    /// # Safety
+    /// `at` is valid for writes of a `Heap` and never moves.
+    pub(crate) unsafe fn init_at(at: *mut Heap, id: usize) {
+        // SAFETY: caller's contract.
+        unsafe {
+            at.write(Heap::new_empty());
+            (*at).id = id;
+            (*at).inbox.init();
+        }
+    }
+
+    // ----- lists of slabs (doubly linked through Desc::next/prev) -----
+
+    unsafe fn list_push(head: &mut *mut Desc, d: *mut Desc) {
+        // SAFETY: d is a valid descriptor owned by this heap, on no list.
+        unsafe {
+            (*d).prev = ptr::null_mut();
+            (*d).next = *head;
+            if !head.is_null() {
+                (**head).prev = d;
+            }
+        }
+        *head = d;
+    }
+
+    unsafe fn list_remove(head: &mut *mut Desc, d: *mut Desc) {
+        // SAFETY: d is on the list `head`.
+        unsafe {
+            if (*d).prev.is_null() {
+                *head = (*d).next;
+            } else {
+                (*(*d).prev).next = (*d).next;
+            }
+            if !(*d).next.is_null() {
+                (*(*d).next).prev = (*d).prev;
+            }
+            (*d).next = ptr::null_mut();
+            (*d).prev = ptr::null_mut();
+        }
+    }
+
+    // ----- allocation -----
+
+    /// The small-allocation slow path.  `self` is a live heap owned by the
+    /// calling thread.
+    ///
+    /// # Safety
+    /// Called by the owning thread only.
+    pub(crate) unsafe fn alloc_small_slow(&mut self, c: usize) -> *mut u8 {
+        // SAFETY: owner thread (caller's contract) for everything below.
+        unsafe {
+            self.maintenance();
+            let d = self.cur[c];
+            if d != empty_desc() {
+                if (*d).free.is_null() {
+                    self.carve(d);
+                }
+                if !(*d).free.is_null() {
+                    return self.pop_checked(d);
+                }
+                // Exhausted: move to the full list.
+                (*d).flags |= FLAG_FULL;
+                Heap::list_push(&mut self.full[c], d);
+                self.set_current(c, empty_desc());
+            }
+            // A slab with free blocks?
+            while !self.avail[c].is_null() {
+                let s = self.avail[c];
+                Heap::list_remove(&mut self.avail[c], s);
+                if (*s).free.is_null() {
+                    self.carve(s);
+                }
+                if !(*s).free.is_null() {
+                    self.set_current(c, s);
+                    return self.pop_checked(s);
+                }
+                (*s).flags |= FLAG_FULL;
+                Heap::list_push(&mut self.full[c], s);
+            }
+            // A fresh slab.
+            let Some(s) = self.new_slab(c) else {
+                return ptr::null_mut();
+            };
+            self.set_current(c, s);
+            self.carve(s);
+            self.pop_checked(s)
+        }
+    }
+
+    #[inline]
+    fn set_current(&mut self, c: usize, d: *mut Desc) {
+        self.cur[c] = d;
+        self.current[c] = if crate::options().check { empty_desc() } else { d };
+    }
+
+    /// Pop from a slab on the slow path (the block is known to be there).
+    unsafe fn pop_checked(&mut self, d: *mut Desc) -> *mut u8 {
+        // SAFETY: d is a slab of this heap with a non-empty free list.
+        unsafe {
+            let b = (*d).free;
+            (*d).free = (*b).next;
+            (*b).tag = 0;
+            (*d).used += 1;
+            self.allocs += 1;
+            if crate::options().check {
+                crate::check::mark_allocated(d, b as *mut u8);
+            }
+            b as *mut u8
+        }
+    }
+
+    /// Carve up to 4 KiB of fresh blocks from the slab's untouched tail.
+    unsafe fn carve(&mut self, d: *mut Desc) {
+        // SAFETY: d is a slab of this heap; the tail beyond `a` is untouched.
+        unsafe {
+            let size = (*d).b as usize;
+            let carved = (*d).a as usize;
+            let cap = (UNIT / size) * size;
+            if carved >= cap {
+                return;
+            }
+            let n = (CARVE_BYTES / size).max(1).min((cap - carved) / size);
+            let base = arena::unit_addr(d) as usize + carved;
+            let mut head = (*d).free;
+            // Link in reverse so blocks come out in address order.
+            for i in (0..n).rev() {
+                let b = (base + i * size) as *mut Block;
+                (*b).next = head;
+                (*b).tag = free_tag(b as usize);
+                head = b;
+            }
+            (*d).free = head;
+            (*d).a = (carved + n * size) as u32;
+        }
+    }
+
+    /// Make a fresh slab of class `c` from a free unit.
+    unsafe fn new_slab(&mut self, c: usize) -> Option<*mut Desc> {
+        if self.free_units.is_null() && !self.take_page() {
+            return None;
+        }
+        // SAFETY: free_units holds HEAP_FREE units of this heap.
+        unsafe {
+            let d = self.free_units;
+            Heap::list_remove(&mut self.free_units, d);
+            let page_first = desc((desc_index(d)) & !(PAGE_UNITS - 1));
+            if (*page_first).page_free as usize == PAGE_UNITS {
+                self.free_pages -= 1;
+            }
+            (*page_first).page_free -= 1;
+            let size = class_size(c);
+            (*d).free = ptr::null_mut();
+            (*d).used = 0;
+            (*d).class = c as u8;
+            (*d).flags = 0;
+            (*d).divc = u64::MAX / size as u64 + 1;
+            (*d).a = 0;
+            (*d).b = size as u32;
+            (*d).heap.store(self as *mut Heap, Ordering::Relaxed);
+            (*d).kind = kind::SMALL;
+            if crate::options().check {
+                crate::check::clear_unit(d);
+            } else {
+                (*d).owner.store(self.tid, Ordering::Relaxed);
+            }
+            self.counters.slabs_made += 1;
+            Some(d)
+        }
+    }
+
+    /// Take a 1 MiB page from the global heap for slabs.
+    fn take_page(&mut self) -> bool {
+        let opts = crate::options();
+        let locked = crate::solo::lock();
+        // SAFETY: we hold the global lock.
+        let got = unsafe {
+            let g = global::state();
+            let r = g.alloc_span(PAGE_UNITS, PAGE_UNITS);
+            if r.is_some() {
+                g.stats.pages_out += 1;
+            }
+            r
+        };
+        crate::solo::unlock(locked);
+        let Some((idx, _zeroed)) = got else {
+            return false;
+        };
+        let _ = opts;
+        // SAFETY: the page's units are now ours.
+        unsafe {
+            for i in (idx..idx + PAGE_UNITS).rev() {
+                let d = desc(i);
+                (*d).owner.store(0, Ordering::Relaxed);
+                (*d).kind = kind::HEAP_FREE;
+                (*d).heap.store(self as *mut Heap, Ordering::Relaxed);
+                Heap::list_push(&mut self.free_units, d);
+            }
+            (*desc(idx)).page_free = PAGE_UNITS as u8;
+        }
+        self.free_pages += 1;
+        self.small_pages += 1;
+        self.counters.pages_taken += 1;
+        true
+    }
+
+    /// Return an empty slab's unit to the heap's free units; give whole free
+    /// pages back to the global heap beyond the retain limit.
+    unsafe fn release_slab(&mut self, d: *mut Desc) {
+        // SAFETY: d is an empty slab of this heap on no list.
+        unsafe {
+            debug_assert_eq!((*d).used, 0);
+            (*d).owner.store(0, Ordering::Relaxed);
+            (*d).kind = kind::HEAP_FREE;
+            (*d).free = ptr::null_mut();
+            (*d).flags = 0;
+            Heap::list_push(&mut self.free_units, d);
+            let first_idx = desc_index(d) & !(PAGE_UNITS - 1);
+            let page_first = desc(first_idx);
+            (*page_first).page_free += 1;
+            if (*page_first).page_free as usize == PAGE_UNITS {
+                self.free_pages += 1;
+                if self.free_pages > crate::options().heap_retain_pages {
+                    self.return_page(first_idx);
+                }
+            }
+        }
+    }
+
+    /// Give a fully free page back to the global heap.
+    unsafe fn return_page(&mut self, first_idx: usize) {
+        // SAFETY: all 16 units of the page are HEAP_FREE units on free_units.
+        unsafe {
+            for i in first_idx..first_idx + PAGE_UNITS {
+                let u = desc(i);
+                debug_assert_eq!((*u).kind, kind::HEAP_FREE);
+                Heap::list_remove(&mut self.free_units, u);
+                (*u).heap.store(ptr::null_mut(), Ordering::Relaxed);
+                (*u).page_free = 0;
+            }
+        }
+        self.free_pages -= 1;
+        self.small_pages -= 1;
+        self.counters.pages_returned += 1;
+        give_span_back(first_idx, PAGE_UNITS, true);
+    }
+
+    // ----- freeing -----
+
+    /// The owner's local free of a small block `p` in slab `d` (validated).
+    #[inline]
+    pub(crate) unsafe fn free_small_local(&mut self, d: *mut Desc, p: *mut u8) {
+        // SAFETY: d is a slab of this heap and p a live block of it.
+        unsafe {
+            let b = p as *mut Block;
+            (*b).next = (*d).free;
+            (*b).tag = free_tag(p as usize);
+            (*d).free = b;
+            (*d).used -= 1;
+            if (*d).flags != 0 || (*d).used == 0 {
+                self.free_small_post(d);
+            }
+        }
+    }
+
+    /// After a local free: a full slab becomes available again; an empty
+    /// slab that is not current goes back to the free units.
+    #[cold]
+    pub(crate) unsafe fn free_small_post(&mut self, d: *mut Desc) {
+        // SAFETY: d is a slab of this heap (owner thread).
+        unsafe {
+            let c = (*d).class as usize;
+            if (*d).flags & FLAG_FULL != 0 {
+                (*d).flags &= !FLAG_FULL;
+                Heap::list_remove(&mut self.full[c], d);
+                Heap::list_push(&mut self.avail[c], d);
+            }
+            if (*d).used == 0 && self.cur[c] != d {
+                Heap::list_remove(&mut self.avail[c], d);
+                self.release_slab(d);
+            }
+        }
+    }
+
+    /// Queue a free of `p` (a block of another heap `target`) for sending.
+    pub(crate) unsafe fn free_remote(&mut self, target: *mut Heap, p: *mut u8) {
+        let node = p as *mut Node;
+        let slot_i = (target as usize >> 6) % REMOTE_SLOTS;
+        let batch = crate::options().remote_batch;
+        self.counters.remote_frees_sent += 1;
+        // SAFETY: p is a dead block we may link through; slot is ours.
+        unsafe {
+            (*(p as *mut Block)).tag = free_tag(p as usize);
+            let slot = &mut self.remote[slot_i];
+            if slot.heap != target && slot.count > 0 {
+                let s = *slot;
+                *slot = EMPTY_SLOT;
+                self.send(s);
+            }
+            let slot = &mut self.remote[slot_i];
+            slot.heap = target;
+            (*node).next.store(slot.first, Ordering::Relaxed);
+            if slot.first.is_null() {
+                slot.last = node;
+            }
+            slot.first = node;
+            slot.count += 1;
+            if slot.count >= batch {
+                let s = *slot;
+                *slot = EMPTY_SLOT;
+                self.send(s);
+            }
+        }
+    }
+
+    unsafe fn send(&mut self, s: RemoteSlot) {
+        if s.count == 0 {
+            return;
+        }
+        self.counters.remote_batches_sent += 1;
+        // SAFETY: the chain first..last is linked and owned by us; the target
+        // heap is never freed (heaps are recycled, not unmapped).
+        unsafe { (*s.heap).inbox.push_chain(s.first, s.last) };
+    }
+
+    /// Send every pending remote batch.
+    pub(crate) fn flush_remote(&mut self) {
+        for i in 0..REMOTE_SLOTS {
+            let s = self.remote[i];
+            if s.count > 0 {
+                self.remote[i] = EMPTY_SLOT;
+                // SAFETY: as in `send`.
+                unsafe { self.send(s) };
+            }
+        }
+    }
+
+    /// Take every block other threads have freed to us and free it locally.
+    pub(crate) unsafe fn drain_inbox(&mut self) {
+        if self.inbox.is_empty_hint() {
+            return;
+        }
+        loop {
+            // SAFETY: the owner is the only consumer.
+            let n = unsafe { self.inbox.pop() };
+            if n.is_null() {
+                break;
+            }
+            self.counters.remote_frees_received += 1;
+            // SAFETY: n is a block of one of our units, freed to us.
+            unsafe { self.free_owned(n as *mut u8) };
+        }
+    }
+
+    /// Free a block known to belong to this heap (from the inbox).
+    unsafe fn free_owned(&mut self, p: *mut u8) {
+        // SAFETY: p lies in a unit of this heap.
+        unsafe {
+            let d = desc(arena::unit_index(p as usize));
+            match (*d).kind {
+                kind::SMALL => self.free_small_local(d, p),
+                kind::MEDIUM => self.medium.free_local(&mut self.counters, p),
+                _ => debug_assert!(false, "inbox block in a unit of kind {}", (*d).kind),
+            }
+        }
+    }
+
+    /// Slow-path housekeeping: drain, send, publish statistics.
+    #[inline]
+    pub(crate) unsafe fn maintenance(&mut self) {
+        // SAFETY: owner thread.
+        unsafe { self.drain_inbox() };
+        self.flush_remote();
+        let e = STATS_EPOCH.load(Ordering::Relaxed);
+        if e != self.seen_epoch {
+            self.publish();
+        }
+    }
+
+    /// Publish this heap's figures for the statistics.
+    pub(crate) fn publish(&mut self) {
+        self.seen_epoch = STATS_EPOCH.load(Ordering::Relaxed);
+        for c in 0..SMALL_CLASSES {
+            let mut blocks = 0u64;
+            let mut slabs = 0u64;
+            for head in [self.cur[c], self.avail[c], self.full[c]] {
+                let mut d = head;
+                let only_one = head == self.cur[c];
+                while !d.is_null() && d != empty_desc() {
+                    // SAFETY: slabs of this heap, read by their owner.
+                    unsafe {
+                        blocks += (*d).used as u64;
+                        slabs += 1;
+                        d = if only_one { ptr::null_mut() } else { (*d).next };
+                    }
+                }
+            }
+            self.published.blocks[c].store(blocks, Ordering::Relaxed);
+            self.published.slabs[c].store(slabs, Ordering::Relaxed);
+        }
+        let medium = self.medium.live_per_class();
+        for (i, v) in medium.iter().enumerate() {
+            self.published.blocks[SMALL_CLASSES + i].store(*v, Ordering::Relaxed);
+        }
+        let counters = self.counters.as_array();
+        for (i, v) in counters.iter().enumerate() {
+            self.published.counters[i].store(*v, Ordering::Relaxed);
+        }
+        self.published.small_allocs.store(self.allocs, Ordering::Relaxed);
+        self.published.pages.store((self.small_pages + self.medium.pages) as u64, Ordering::Relaxed);
+    }
+
+    // ----- thread lifecycle -----
+
+    /// Give up the heap as its thread exits: send pending frees, take in
+    /// those sent to us, hand empty slabs and pages back, clear ownership.
+    ///
+    /// # Safety
+    /// Called by the owner thread (or the only thread after `fork`).
+    pub(crate) unsafe fn abandon(&mut self) {
+        // SAFETY: owner.
+        unsafe {
+            self.drain_inbox();
+            self.flush_remote();
+            for c in 0..SMALL_CLASSES {
+                let d = self.cur[c];
+                self.set_current(c, empty_desc());
+                if d != empty_desc() {
+                    Heap::list_push(&mut self.avail[c], d);
+                }
+                // Empty slabs go back; the rest lose their owner.
+                let mut s = self.avail[c];
+                while !s.is_null() {
+                    let next = (*s).next;
+                    if (*s).used == 0 {
+                        Heap::list_remove(&mut self.avail[c], s);
+                        self.release_slab(s);
+                    } else {
+                        (*s).owner.store(0, Ordering::Relaxed);
+                    }
+                    s = next;
+                }
+                let mut s = self.full[c];
+                while !s.is_null() {
+                    (*s).owner.store(0, Ordering::Relaxed);
+                    s = (*s).next;
+                }
+            }
+            // Whole free pages go back to the global heap.
+            let mut u = self.free_units;
+            while !u.is_null() {
+                let next = (*u).next;
+                let first_idx = desc_index(u) & !(PAGE_UNITS - 1);
+                if (*desc(first_idx)).page_free as usize == PAGE_UNITS {
+                    // Skip the other units of this page in the walk.
+                    let mut nx = next;
+                    while !nx.is_null() && desc_index(nx) & !(PAGE_UNITS - 1) == first_idx {
+                        nx = (*nx).next;
+                    }
+                    self.return_page(first_idx);
+                    u = nx;
+                    continue;
+                }
+                u = next;
+            }
+            self.medium.release_empty_pages(&mut self.counters);
+        }
+        self.publish();
+        self.tid = 0;
+    }
+
+    /// Take over an abandoned heap for the calling thread.
+    ///
+    /// # Safety
+    /// The heap is abandoned and the caller owns it now.
+    pub(crate) unsafe fn adopt(&mut self, tid: usize) {
+        self.tid = tid;
+        if crate::options().check {
+            return;
+        }
+        for c in 0..SMALL_CLASSES {
+            for head in [self.avail[c], self.full[c]] {
+                let mut s = head;
+                while !s.is_null() {
+                    // SAFETY: slabs of this heap, which we now own.
+                    unsafe {
+                        (*s).owner.store(tid, Ordering::Relaxed);
+                        s = (*s).next;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Check this heap's invariants (owner thread; debug builds and tests).
+    pub(crate) fn check(&self) -> Result<(), &'static str> {
+        let check_mode = crate::options().check;
+        for c in 0..SMALL_CLASSES {
+            let d = self.cur[c];
+            if d != empty_desc() {
+                // SAFETY: owner reading its own slabs.
+                unsafe {
+                    if (*d).kind != kind::SMALL || (*d).class as usize != c {
+                        return Err("current slab has the wrong kind or class");
+                    }
+                    if (*d).flags & FLAG_FULL != 0 {
+                        return Err("current slab is flagged full");
+                    }
+                }
+            }
+            if !check_mode && self.current[c] != d {
+                return Err("fast-path and slow-path current slabs differ");
+            }
+            for (head, full) in [(self.avail[c], false), (self.full[c], true)] {
+                let mut s = head;
+                while !s.is_null() {
+                    // SAFETY: owner reading its own slabs.
+                    unsafe {
+                        if (*s).kind != kind::SMALL || (*s).class as usize != c {
+                            return Err("listed slab has the wrong kind or class");
+                        }
+                        if ((*s).flags & FLAG_FULL != 0) != full {
+                            return Err("slab's FULL flag disagrees with its list");
+                        }
+                        if (*s).heap.load(Ordering::Relaxed) != self as *const Heap as *mut Heap {
+                            return Err("slab belongs to another heap");
+                        }
+                        if !check_mode && self.tid != 0 && (*s).owner.load(Ordering::Relaxed) != self.tid {
+                            return Err("slab owner is not the heap's thread");
+                        }
+                        // used + free list + uncarved == capacity
+                        let size = (*s).b as usize;
+                        let cap = UNIT / size;
+                        let mut free = 0;
+                        let mut b = (*s).free;
+                        while !b.is_null() {
+                            free += 1;
+                            if free > cap {
+                                return Err("free list longer than the slab (cycle?)");
+                            }
+                            b = (*b).next;
+                        }
+                        let uncarved = cap - (*s).a as usize / size;
+                        if (*s).used as usize + free + uncarved != cap {
+                            return Err("used + free + uncarved != capacity");
+                        }
+                        s = (*s).next;
+                    }
+                }
+            }
+        }
+        self.medium.check()
+    }
+}
+
+/// Give a span back to the global heap.
+pub(crate) fn give_span_back(idx: usize, units: usize, committed: bool) {
+    let retain = crate::options().retain_bytes;
+    let locked = crate::solo::lock();
+    // SAFETY: we hold the global lock; the units are ours to return.
+    unsafe {
+        let g = global::state();
+        g.stats.pages_back += (units == PAGE_UNITS) as u64;
+        g.free_span(idx, units, committed, retain);
+    }
+    crate::solo::unlock(locked);
+}
+
+/// Frees sent one by one by threads without a heap.
+pub(crate) static DIRECT_REMOTE_FREES: AtomicU64 = AtomicU64::new(0);
+
+/// Send one free straight to `owner`'s inbox (a thread without a heap).
+///
+/// # Safety
+/// `p` is a dead block of a unit owned by `owner`.
+pub(crate) unsafe fn push_direct(owner: *mut Heap, p: *mut u8) {
+    DIRECT_REMOTE_FREES.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: heaps are never freed; p is ours to link.
+    unsafe { (*owner).inbox.push(p as *mut Node) };
+}

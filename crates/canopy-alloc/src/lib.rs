@@ -1,0 +1,711 @@
+//! # canopy-alloc
+//!
+//! Canopy's allocator: the SAC private heap manager (Grelck & Scholz) made
+//! general enough to replace `malloc`, with Myrmics-style slabs whose metadata
+//! lives apart from the data.
+//!
+//! ```text
+//!                 global heap  (one arena, spans of 64 KiB units; large chunks)
+//!                /     |     \
+//!        thread heap  ...   thread heap      (1 MiB pages taken from the global heap)
+//!         /       \
+//!   slab subheaps   medium local heap        (<= 8 KiB: slabs; <= 256 KiB: split/coalesce)
+//! ```
+//!
+//! The arena matrix of the paper is `size class x thread heap`; a pointer's
+//! arena is found in O(1) from the descriptor table (see [`arena`]).
+//!
+//! ## Using it
+//! ```no_run
+//! #[global_allocator]
+//! static GLOBAL: canopy_alloc::Canopy = canopy_alloc::Canopy;
+//! ```
+//! or the rich interface, with the size class chosen at compile time:
+//! ```
+//! use canopy_alloc::SizeClass;
+//! const C: SizeClass = match SizeClass::of(100) { Some(c) => c, None => panic!() };
+//! let p = canopy_alloc::alloc_class(C);
+//! assert!(!p.is_null());
+//! unsafe { canopy_alloc::free_class(p, C) };
+//! ```
+//!
+//! ## Errors
+//! Allocation returns null when memory is exhausted (the C layer sets
+//! `ENOMEM`).  A free of a pointer Canopy did not allocate, or a double free,
+//! is reported naming the call and the pointer; check mode (`CANOPY_CHECK=1`,
+//! always in debug builds) detects every such case exactly and aborts, the
+//! default mode refuses the frees it detects (foreign pointers, interior
+//! pointers, double frees of small blocks and medium and large chunks) and
+//! carries on.
+//!
+//! Module map: [`size_class`] (the rows of the matrix), [`arena`] (address
+//! space, descriptors), `global` (the global heap), `heap` (thread heaps and
+//! slabs), `medium` (local-heap chunks), `thread` (TLS, exit, fork), `solo`
+//! (the lock and solo mode), `check` (check mode), [`stats`], [`options`].
+#![deny(missing_docs)]
+
+pub mod arena;
+mod check;
+mod global;
+mod heap;
+mod medium;
+mod meta;
+pub mod options;
+mod report;
+pub mod size_class;
+mod solo;
+pub mod stats;
+mod thread;
+
+use arena::{desc, desc_index, free_tag, kind, unit_index, Block, Desc, MAX_UNITS, UNIT, UNIT_SHIFT};
+use core::alloc::{GlobalAlloc, Layout};
+use core::cell::UnsafeCell;
+use core::ptr;
+pub use heap::Heap;
+use heap::{empty_heap, DEAD_TID};
+pub use options::Options;
+pub use report::BadFree;
+pub use size_class::{SizeClass, MEDIUM_MAX, NUM_CLASSES, SMALL_CLASSES, SMALL_MAX};
+use size_class::small_class_index;
+use thread::tls_heap;
+
+struct OptCell(UnsafeCell<Options>);
+// SAFETY: written once under the init lock before READY is published
+// (Release); read only after observing READY (Acquire) in `options()`.
+unsafe impl Sync for OptCell {}
+static OPTIONS: OptCell = OptCell(UnsafeCell::new(Options::DEFAULT));
+static OPTIONS_SET: canopy_sync::prim::AtomicBool = canopy_sync::prim::AtomicBool::new(false);
+
+fn set_options(o: Options) {
+    // SAFETY: called once, under the init lock, before OPTIONS_SET is set.
+    unsafe { *OPTIONS.0.get() = o };
+    OPTIONS_SET.store(true, canopy_sync::prim::Ordering::Release);
+}
+
+/// The options in force (the defaults until the allocator has started).
+#[inline]
+pub fn options() -> &'static Options {
+    if OPTIONS_SET.load(canopy_sync::prim::Ordering::Acquire) {
+        // SAFETY: see OptCell.
+        unsafe { &*OPTIONS.0.get() }
+    } else {
+        &Options::DEFAULT
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Allocation
+// ---------------------------------------------------------------------------
+
+/// Allocate `size` bytes (16-byte aligned).  Null when out of memory.
+#[inline(always)]
+pub fn alloc(size: usize) -> *mut u8 {
+    if size <= SMALL_MAX {
+        alloc_small(small_class_index(size))
+    } else {
+        alloc_big(size)
+    }
+}
+
+/// Allocate one block of class `cls` (the rich interface).
+#[inline(always)]
+pub fn alloc_class(cls: SizeClass) -> *mut u8 {
+    if cls.is_small() {
+        alloc_small(cls.index())
+    } else {
+        alloc_big(cls.size())
+    }
+}
+
+/// The fast path: pop the current slab's free list.
+#[inline(always)]
+fn alloc_small(c: usize) -> *mut u8 {
+    let h = tls_heap();
+    // SAFETY: h is this thread's heap (or EMPTY_HEAP, whose slabs are empty);
+    // c < SMALL_CLASSES; the slab and its free blocks belong to this thread.
+    unsafe {
+        let d = *(*h).current.get_unchecked(c);
+        let b = (*d).free;
+        if !b.is_null() {
+            (*d).free = (*b).next;
+            (*b).tag = 0;
+            (*d).used += 1;
+            (*h).allocs += 1;
+            return b as *mut u8;
+        }
+        alloc_small_slow(h, c)
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn alloc_small_slow(mut h: *mut Heap, c: usize) -> *mut u8 {
+    if h == empty_heap() {
+        h = thread::acquire_heap();
+        if h.is_null() {
+            return ptr::null_mut();
+        }
+    }
+    // SAFETY: h is this thread's live heap.
+    unsafe { (*h).alloc_small_slow(c) }
+}
+
+/// Medium or large.
+#[cold]
+#[inline(never)]
+fn alloc_big(size: usize) -> *mut u8 {
+    if size <= MEDIUM_MAX {
+        let mut h = tls_heap();
+        if h == empty_heap() {
+            h = thread::acquire_heap();
+            if h.is_null() {
+                return ptr::null_mut();
+            }
+        }
+        // SAFETY: h is this thread's live heap.
+        unsafe {
+            (*h).maintenance();
+            (*h).counters.medium_allocs += 1;
+            let hr = &mut *h;
+            hr.medium.alloc(h, &mut hr.counters, size_class::class_index(size))
+        }
+    } else {
+        alloc_large(size, 1).0
+    }
+}
+
+/// Allocate a large chunk of `size` bytes aligned to `align_units` units.
+/// Returns the pointer and whether it is known to read as zero.
+fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
+    if !thread::ensure_init() {
+        return (ptr::null_mut(), false);
+    }
+    let Some(units) = size.checked_add(UNIT - 1).map(|s| s >> UNIT_SHIFT) else {
+        return (ptr::null_mut(), false);
+    };
+    if units == 0 || units > MAX_UNITS {
+        return (ptr::null_mut(), false);
+    }
+    let locked = solo::lock();
+    // SAFETY: global lock held; the span's units become ours.
+    let r = unsafe {
+        let g = global::state();
+        match g.alloc_span(units, align_units) {
+            Some((idx, zeroed)) => {
+                arena::mark_units(idx, units, kind::LARGE_BODY);
+                let d = desc(idx);
+                (*d).kind = kind::LARGE;
+                (*d).a = units as u32;
+                (*d).b = size.min(u32::MAX as usize) as u32;
+                (*d).flags = 0;
+                g.stats.large_allocs += 1;
+                g.stats.large_bytes += (units * UNIT) as u64;
+                (arena::unit_addr(d), zeroed)
+            }
+            None => (ptr::null_mut(), false),
+        }
+    };
+    solo::unlock(locked);
+    let h = tls_heap();
+    if !r.0.is_null() && h != empty_heap() {
+        // SAFETY: our own heap's counter.
+        unsafe { (*h).counters.large_allocs += 1 };
+    }
+    r
+}
+
+/// Allocate `size` zeroed bytes.
+pub fn alloc_zeroed(size: usize) -> *mut u8 {
+    if size > MEDIUM_MAX {
+        let (p, zeroed) = alloc_large(size, 1);
+        if !p.is_null() && !zeroed {
+            // SAFETY: p has size bytes.
+            unsafe { ptr::write_bytes(p, 0, size) };
+        }
+        return p;
+    }
+    let p = alloc(size);
+    if !p.is_null() {
+        // SAFETY: p has at least size bytes.
+        unsafe { ptr::write_bytes(p, 0, size) };
+    }
+    p
+}
+
+/// Allocate `size` bytes aligned to `align` (a power of two).  Null if
+/// `align` is not a power of two or memory is exhausted.
+pub fn alloc_aligned(size: usize, align: usize) -> *mut u8 {
+    alloc_aligned_inner(size, align, false)
+}
+
+fn alloc_aligned_inner(size: usize, align: usize, zero: bool) -> *mut u8 {
+    if !align.is_power_of_two() {
+        return ptr::null_mut();
+    }
+    if align <= 16 {
+        return if zero { alloc_zeroed(size) } else { alloc(size) };
+    }
+    let want = size.max(align);
+    if want <= SMALL_MAX {
+        // Power-of-two classes are aligned to their size (slabs are 64 KiB
+        // aligned and blocks start at multiples of the size).
+        let p = alloc(want.next_power_of_two());
+        if zero && !p.is_null() {
+            // SAFETY: p has at least size bytes.
+            unsafe { ptr::write_bytes(p, 0, size) };
+        }
+        return p;
+    }
+    let (p, zeroed) = alloc_large(size.max(1), (align >> UNIT_SHIFT).max(1));
+    if zero && !zeroed && !p.is_null() {
+        // SAFETY: p has at least size bytes.
+        unsafe { ptr::write_bytes(p, 0, size) };
+    }
+    p
+}
+
+/// Allocate a descriptor of `desc_size` bytes together with `data_size` bytes
+/// of data aligned to `data_align` (a power of two) in one block.  Returns
+/// `(descriptor, data)`; freeing the descriptor frees both.
+pub fn alloc_with_descriptor(desc_size: usize, data_size: usize, data_align: usize) -> Option<(*mut u8, *mut u8)> {
+    if !data_align.is_power_of_two() {
+        return None;
+    }
+    let align = data_align.max(16);
+    let offset = desc_size.checked_add(align - 1)? & !(align - 1);
+    let total = offset.checked_add(data_size)?;
+    let p = if align <= 16 { alloc(total) } else { alloc_aligned(total, align) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: offset <= total, inside the block.
+    Some((p, unsafe { p.add(offset) }))
+}
+
+// ---------------------------------------------------------------------------
+// Freeing
+// ---------------------------------------------------------------------------
+
+/// Free a block.  Null is ignored.  A pointer Canopy did not allocate, or a
+/// block already freed, is reported (check mode aborts).
+///
+/// # Safety
+/// `p` must not be used after this call.
+#[inline(always)]
+pub unsafe fn free(p: *mut u8) {
+    // SAFETY: forwarded.
+    unsafe { free_from(p, "free") }
+}
+
+/// [`free`] with the API name used in reports.
+///
+/// # Safety
+/// As for [`free`].
+#[inline(always)]
+pub unsafe fn free_from(p: *mut u8, call: &'static str) {
+    let idx = unit_index(p as usize);
+    if idx < MAX_UNITS {
+        // SAFETY: idx is inside the descriptor table.  When `owner` is this
+        // thread, the slab belongs to this thread's heap and only this thread
+        // touches its free list and counters.
+        unsafe {
+            let d = desc(idx);
+            if (*d).owner.load(canopy_sync::prim::Ordering::Relaxed) == canopy_sys::thread_id() {
+                let off = (p as usize & (UNIT - 1)) as u64;
+                let b = p as *mut Block;
+                // A carved block start (divisibility by the block size, via
+                // the precomputed reciprocal) that is not already free: free
+                // blocks carry free_tag (odd), blocks in flight to their
+                // owner free_tag ^ 1.
+                if off.wrapping_mul((*d).divc) < (*d).divc && (off as u32) < (*d).a && ((*b).tag | 1) != free_tag(p as usize) {
+                    (*b).next = (*d).free;
+                    (*b).tag = free_tag(p as usize);
+                    (*d).free = b;
+                    (*d).used -= 1;
+                    if (*d).flags != 0 || (*d).used == 0 {
+                        free_post(d);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+    // SAFETY: forwarded.
+    unsafe { free_slow(p, call) }
+}
+
+#[cold]
+#[inline(never)]
+unsafe fn free_post(d: *mut Desc) {
+    // SAFETY: d belongs to this thread's heap (the caller checked `owner`).
+    unsafe { (*tls_heap()).free_small_post(d) }
+}
+
+/// Free with the block's size known (the C `free_sized`).  In check mode a
+/// size that does not match the block is reported.
+///
+/// # Safety
+/// As for [`free`]; `size` is the size the block was allocated with.
+pub unsafe fn free_sized(p: *mut u8, size: usize) {
+    if options().check && !p.is_null() {
+        // SAFETY: checks only.
+        let usable = unsafe { usable_size_checked(p, "free_sized") };
+        if let Some(u) = usable {
+            if size > u {
+                report::bad_free("free_sized", p, BadFree::WrongSize, u, None);
+            }
+        }
+    }
+    // SAFETY: forwarded.
+    unsafe { free_from(p, "free_sized") }
+}
+
+/// Free a block of class `cls` (the rich interface).
+///
+/// # Safety
+/// As for [`free`]; the block was allocated with class `cls` or a size in it.
+#[inline(always)]
+pub unsafe fn free_class(p: *mut u8, cls: SizeClass) {
+    if options().check && !p.is_null() {
+        // SAFETY: checks only.
+        let usable = unsafe { usable_size_checked(p, "free_class") };
+        if let Some(u) = usable {
+            if cls.size() > u && cls.is_small() {
+                report::bad_free("free_class", p, BadFree::WrongSize, u, Some(cls.index()));
+            }
+        }
+    }
+    // SAFETY: forwarded.
+    unsafe { free_from(p, "free_class") }
+}
+
+/// The general free: validation, remote frees, medium and large chunks.
+#[cold]
+#[inline(never)]
+unsafe fn free_slow(p: *mut u8, call: &'static str) {
+    if p.is_null() {
+        return;
+    }
+    let idx = unit_index(p as usize);
+    if arena::arena_base() == 0 || idx >= arena::arena_units() {
+        report::bad_free(call, p, BadFree::Foreign, 0, None);
+        return;
+    }
+    // SAFETY: idx is an arena unit; each arm validates p before using it.
+    unsafe {
+        let d = desc(idx);
+        match (*d).kind {
+            kind::SMALL => free_small_slow(d, p, call),
+            kind::MEDIUM => free_medium(d, p, call),
+            kind::LARGE => free_large(d, p, call),
+            kind::FREE_SPAN | kind::FREE_BODY | kind::HEAP_FREE if p as usize & (UNIT - 1) == 0 => {
+                report::bad_free(call, p, BadFree::DoubleFree, 0, None)
+            }
+            _ => report::bad_free(call, p, BadFree::NotABlock, 0, None),
+        }
+    }
+}
+
+unsafe fn free_small_slow(d: *mut Desc, p: *mut u8, call: &'static str) {
+    // SAFETY: d is a SMALL unit; p is validated below before any write.
+    unsafe {
+        let size = (*d).b as usize;
+        let class = Some((*d).class as usize);
+        let me = tls_heap();
+        if options().check {
+            if let Err(e) = check::check_and_clear(d, p) {
+                report::bad_free(call, p, e, size, class);
+                return;
+            }
+        } else {
+            let off = p as usize - arena::unit_addr(d) as usize;
+            if off % size != 0 || off >= (*d).a as usize {
+                report::bad_free(call, p, BadFree::NotABlock, size, class);
+                return;
+            }
+            let b = p as *mut Block;
+            let t = (*b).tag;
+            // Free locally (tag), or in flight to its owner (tag ^ 1).
+            if t == free_tag(p as usize) || t == free_tag(p as usize) ^ 1 {
+                report::bad_free(call, p, BadFree::DoubleFree, size, class);
+                return;
+            }
+        }
+        let owner = (*d).heap.load(canopy_sync::prim::Ordering::Relaxed);
+        if owner == me && !me.is_null() && (*me).tid == canopy_sys::thread_id() {
+            (*me).free_small_local(d, p);
+        } else {
+            send_remote(me, owner, p);
+        }
+    }
+}
+
+/// Send a free to the owning heap: batched through this thread's heap, or
+/// pushed directly if this thread has none.
+unsafe fn send_remote(me: *mut Heap, owner: *mut Heap, p: *mut u8) {
+    // SAFETY: p is a validated block of `owner`, dead from now on.
+    unsafe {
+        (*(p as *mut Block)).tag = free_tag(p as usize) ^ 1;
+        if me != empty_heap() && !me.is_null() && (*me).tid != 0 && (*me).tid != DEAD_TID {
+            (*me).free_remote(owner, p);
+        } else {
+            heap::push_direct(owner, p);
+        }
+    }
+}
+
+unsafe fn free_medium(d: *mut Desc, p: *mut u8, call: &'static str) {
+    match medium::Medium::validate(p) {
+        Err(e) => report::bad_free(call, p, e, 0, None),
+        Ok(_) => {
+            // SAFETY: p is a live medium chunk of `owner`.
+            unsafe {
+                let owner = (*d).heap.load(canopy_sync::prim::Ordering::Relaxed);
+                let me = tls_heap();
+                if owner == me && (*me).tid == canopy_sys::thread_id() {
+                    let mr = &mut *me;
+                    mr.medium.free_local(&mut mr.counters, p);
+                } else {
+                    medium::Medium::mark_in_flight(p);
+                    if me != empty_heap() && (*me).tid != 0 && (*me).tid != DEAD_TID {
+                        (*me).free_remote(owner, p);
+                    } else {
+                        heap::push_direct(owner, p);
+                    }
+                }
+            }
+        }
+    }
+}
+
+unsafe fn free_large(d: *mut Desc, p: *mut u8, call: &'static str) {
+    if p != arena::unit_addr(d) {
+        report::bad_free(call, p, BadFree::NotABlock, 0, None);
+        return;
+    }
+    let retain = options().retain_bytes;
+    let locked = solo::lock();
+    // SAFETY: global lock held; re-check the kind under it (a concurrent
+    // double free of the same chunk loses here).
+    let ok = unsafe {
+        if (*d).kind == kind::LARGE {
+            let units = (*d).a as usize;
+            let g = global::state();
+            g.stats.large_frees += 1;
+            g.stats.large_bytes -= (units * UNIT) as u64;
+            g.free_span(desc_index(d), units, true, retain);
+            true
+        } else {
+            false
+        }
+    };
+    solo::unlock(locked);
+    if !ok {
+        report::bad_free(call, p, BadFree::DoubleFree, 0, None);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Sizes and reallocation
+// ---------------------------------------------------------------------------
+
+/// Usable size of a live block, or `None` (reported) if `p` is not one.
+///
+/// # Safety
+/// `p` is null or was returned by this allocator.
+unsafe fn usable_size_checked(p: *mut u8, call: &'static str) -> Option<usize> {
+    let idx = unit_index(p as usize);
+    if arena::arena_base() == 0 || idx >= arena::arena_units() {
+        report::bad_free(call, p, BadFree::Foreign, 0, None);
+        return None;
+    }
+    // SAFETY: idx is an arena unit.
+    unsafe {
+        let d = desc(idx);
+        match (*d).kind {
+            kind::SMALL => {
+                let size = (*d).b as usize;
+                let off = p as usize - arena::unit_addr(d) as usize;
+                let live = if options().check { check::is_live(d, p) } else { off % size == 0 && off < (*d).a as usize };
+                if !live {
+                    report::bad_free(call, p, BadFree::NotABlock, size, Some((*d).class as usize));
+                    return None;
+                }
+                Some(size)
+            }
+            kind::MEDIUM => match medium::Medium::validate(p) {
+                Ok(_) => Some(medium::Medium::usable(p)),
+                Err(e) => {
+                    report::bad_free(call, p, e, 0, None);
+                    None
+                }
+            },
+            kind::LARGE if p == arena::unit_addr(d) => Some((*d).a as usize * UNIT),
+            _ => {
+                report::bad_free(call, p, BadFree::NotABlock, 0, None);
+                None
+            }
+        }
+    }
+}
+
+/// Usable size of a live block (0 for null or a pointer that is not a block).
+///
+/// # Safety
+/// `p` is null or was returned by this allocator and not freed.
+pub unsafe fn usable_size(p: *mut u8) -> usize {
+    if p.is_null() {
+        return 0;
+    }
+    // SAFETY: forwarded.
+    unsafe { usable_size_checked(p, "malloc_usable_size").unwrap_or(0) }
+}
+
+/// Resize a block (C `realloc` semantics, except that `new_size == 0` frees
+/// and returns null, like glibc).  On failure returns null and leaves the
+/// block as it was.
+///
+/// # Safety
+/// `p` is null or a live block of this allocator; on success it must not be
+/// used again unless the same pointer is returned.
+pub unsafe fn realloc(p: *mut u8, new_size: usize) -> *mut u8 {
+    if p.is_null() {
+        return alloc(new_size);
+    }
+    if new_size == 0 {
+        // SAFETY: forwarded.
+        unsafe { free_from(p, "realloc") };
+        return ptr::null_mut();
+    }
+    // SAFETY: forwarded.
+    let Some(usable) = (unsafe { usable_size_checked(p, "realloc") }) else {
+        return ptr::null_mut();
+    };
+    if new_size <= usable && new_size >= usable / 2 {
+        return p;
+    }
+    if new_size <= usable && usable <= SMALL_MAX {
+        // Shrinking a small block: a smaller class only if it saves a lot.
+        if small_class_index(new_size) + 4 > small_class_index(usable) {
+            return p;
+        }
+    }
+    let q = alloc(new_size);
+    if q.is_null() {
+        return q;
+    }
+    // SAFETY: both blocks hold at least min(usable, new_size) bytes.
+    unsafe {
+        ptr::copy_nonoverlapping(p, q, usable.min(new_size));
+        free_from(p, "realloc");
+    }
+    q
+}
+
+/// Give every free span of the global heap back to the OS now, and send this
+/// thread's pending remote frees.  Returns the bytes decommitted.
+pub fn collect() -> usize {
+    if !thread::ensure_init() {
+        return 0;
+    }
+    let h = tls_heap();
+    if h != empty_heap() {
+        // SAFETY: our own heap.
+        unsafe { (*h).maintenance() };
+    }
+    let locked = solo::lock();
+    // SAFETY: global lock held.
+    let n = unsafe { global::state().decommit_down_to(0) };
+    solo::unlock(locked);
+    n
+}
+
+/// Check the invariants of the calling thread's heap and of the global heap.
+/// For tests and debugging; walks every slab and span.
+pub fn check_invariants() -> Result<(), &'static str> {
+    if !thread::ensure_init() {
+        return Ok(());
+    }
+    let h = tls_heap();
+    if h != empty_heap() {
+        // SAFETY: our own heap, read by its owner.
+        unsafe { (*h).check()? };
+    }
+    let locked = solo::lock();
+    // SAFETY: global lock held.
+    let r = unsafe { global::state().check() };
+    solo::unlock(locked);
+    r
+}
+
+/// Whether the global heap is still in solo mode (no lock taken).
+pub fn solo_mode() -> bool {
+    solo::solo_active()
+}
+
+// ---------------------------------------------------------------------------
+// GlobalAlloc
+// ---------------------------------------------------------------------------
+
+/// Canopy as Rust's global allocator:
+/// `#[global_allocator] static A: canopy_alloc::Canopy = canopy_alloc::Canopy;`
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Canopy;
+
+// SAFETY: the functions return blocks of at least the layout's size and
+// alignment or null, never unwind, and accept back exactly what they returned.
+unsafe impl GlobalAlloc for Canopy {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.align() <= 16 {
+            alloc(layout.size())
+        } else {
+            alloc_aligned(layout.size(), layout.align())
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, p: *mut u8, _layout: Layout) {
+        // SAFETY: p came from this allocator (GlobalAlloc contract).
+        unsafe { free(p) }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if layout.align() <= 16 {
+            alloc_zeroed(layout.size())
+        } else {
+            alloc_aligned_inner(layout.size(), layout.align(), true)
+        }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if layout.align() <= 16 {
+            // SAFETY: p is live (GlobalAlloc contract); new_size > 0.
+            unsafe { realloc(p, new_size) }
+        } else {
+            let q = alloc_aligned(new_size, layout.align());
+            if !q.is_null() {
+                // SAFETY: both hold at least min(old, new) bytes.
+                unsafe {
+                    ptr::copy_nonoverlapping(p, q, layout.size().min(new_size));
+                    free(p);
+                }
+            }
+            q
+        }
+    }
+}
+
+/// Allocate with the C rules for `calloc`: `n * size` bytes, zeroed; null on
+/// overflow.
+pub fn calloc(n: usize, size: usize) -> *mut u8 {
+    match n.checked_mul(size) {
+        Some(total) => alloc_zeroed(total),
+        None => ptr::null_mut(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,470 @@
+//! Medium chunks: the SAC *local heap* with splitting and deferred coalescing.
+//!
+//! Requests above 8 KiB and up to 256 KiB are served from whole 1 MiB pages of
+//! the thread's heap.  A chunk is a 16-byte header followed by the payload:
+//!
+//! ```text
+//!  +-----------+-----------+---------------------+------------------------+
+//!  | size: u32 | state:u32 | tag: u64            | payload ...            |
+//!  +-----------+-----------+---------------------+------------------------+
+//!  size  = whole chunk in bytes (header included), a multiple of 16
+//!  state = USED, FREE (in a bin) or FRAG (free, too small for any bin)
+//!  tag   = chunk address ^ process key (rejects pointers that are not chunks)
+//! ```
+//!
+//! Free chunks sit in bins, one per medium size class, doubly linked through
+//! their payload; a chunk is in the bin of the largest class whose size fits
+//! its payload.  Allocation: exact bin, else bump the current page, else split
+//! a chunk from a larger bin.  Only when all of that fails are adjacent free
+//! chunks merged (deferred coalescing, SAC §3: a freed size is likely to be
+//! requested again soon), then a new page is taken.  A page whose chunks are
+//! all free goes back to the global heap.
+
+use crate::arena::{self, desc, desc_index, kind, Desc, PAGE, PAGE_UNITS};
+use crate::global;
+use crate::heap::{give_span_back, Heap, HeapCounters};
+use crate::size_class::{class_index, class_size, NUM_CLASSES, SMALL_CLASSES};
+use canopy_sync::prim::Ordering;
+use core::ptr;
+
+const MEDIUM_CLASSES: usize = NUM_CLASSES - SMALL_CLASSES;
+const HDR: usize = 16;
+const USED: u32 = 0x5553_4544;
+const FREE: u32 = 0x4652_4545;
+const FRAG: u32 = 0x4652_4147;
+const IN_FLIGHT: u32 = 0x464c_4954;
+/// Smallest payload a bin holds.
+const MIN_BIN_PAYLOAD: usize = class_size(SMALL_CLASSES);
+
+#[repr(C)]
+struct Chunk {
+    size: u32,
+    state: u32,
+    tag: u64,
+    // payload starts here; while free:
+    next: *mut Chunk,
+    prev: *mut Chunk,
+}
+
+/// The medium part of a heap.
+pub(crate) struct Medium {
+    bins: [*mut Chunk; MEDIUM_CLASSES],
+    /// Medium pages (their first unit descriptors, linked by next/prev).
+    page_list: *mut Desc,
+    /// Page we bump from.
+    current: *mut Desc,
+    /// Pages held.
+    pub pages: usize,
+    /// Live chunks per medium class (by requested class).
+    live: [u64; MEDIUM_CLASSES],
+}
+
+#[inline]
+fn tag_of(c: *const Chunk) -> u64 {
+    (c as u64) ^ (arena::FREE_KEY.load(Ordering::Relaxed) as u64).rotate_left(17)
+}
+
+/// Bin of a free payload of `q` bytes (the largest class that fits), or None.
+fn bin_of(q: usize) -> Option<usize> {
+    if q < MIN_BIN_PAYLOAD {
+        return None;
+    }
+    let q = q.min(class_size(NUM_CLASSES - 1));
+    let mut c = class_index(q);
+    if class_size(c) > q {
+        c -= 1;
+    }
+    Some(c - SMALL_CLASSES)
+}
+
+impl Medium {
+    pub(crate) const fn new() -> Medium {
+        Medium { bins: [ptr::null_mut(); MEDIUM_CLASSES], page_list: ptr::null_mut(), current: ptr::null_mut(), pages: 0, live: [0; MEDIUM_CLASSES] }
+    }
+
+    pub(crate) fn live_per_class(&self) -> [u64; MEDIUM_CLASSES] {
+        self.live
+    }
+
+    unsafe fn bin_push(&mut self, c: *mut Chunk) {
+        // SAFETY: c is a free chunk of ours with room for the links.
+        unsafe {
+            let q = (*c).size as usize - HDR;
+            match bin_of(q) {
+                Some(b) => {
+                    (*c).state = FREE;
+                    (*c).prev = ptr::null_mut();
+                    (*c).next = self.bins[b];
+                    if !self.bins[b].is_null() {
+                        (*self.bins[b]).prev = c;
+                    }
+                    self.bins[b] = c;
+                }
+                None => (*c).state = FRAG,
+            }
+        }
+    }
+
+    unsafe fn bin_remove(&mut self, c: *mut Chunk) {
+        // SAFETY: c is a free chunk; if FREE it is in its bin.
+        unsafe {
+            if (*c).state != FREE {
+                return;
+            }
+            let b = bin_of((*c).size as usize - HDR).expect("binned chunk has a bin");
+            if (*c).prev.is_null() {
+                self.bins[b] = (*c).next;
+            } else {
+                (*(*c).prev).next = (*c).next;
+            }
+            if !(*c).next.is_null() {
+                (*(*c).next).prev = (*c).prev;
+            }
+            (*c).state = FRAG;
+        }
+    }
+
+    #[inline]
+    fn page_of(c: *const u8) -> *mut Desc {
+        // SAFETY: c is inside a medium page of the arena.
+        unsafe { desc(arena::unit_index(c as usize) & !(PAGE_UNITS - 1)) }
+    }
+
+    unsafe fn make_used(&mut self, c: *mut Chunk, cls: usize) -> *mut u8 {
+        // SAFETY: c is a chunk of ours being handed out.
+        unsafe {
+            (*c).state = USED;
+            (*c).tag = tag_of(c);
+            (*Medium::page_of(c as *const u8)).used += 1;
+            self.live[cls - SMALL_CLASSES] += 1;
+            (c as *mut u8).add(HDR)
+        }
+    }
+
+    /// Split `c` (free, unbinned) to `need` bytes if the rest is worth keeping.
+    unsafe fn split(&mut self, c: *mut Chunk, need: usize) {
+        // SAFETY: c is ours; the remainder lies inside the same page.
+        unsafe {
+            let size = (*c).size as usize;
+            if size >= need + HDR + 64 {
+                let r = (c as *mut u8).add(need) as *mut Chunk;
+                (*r).size = (size - need) as u32;
+                (*r).tag = tag_of(r);
+                self.bin_push(r);
+                (*c).size = need as u32;
+            }
+        }
+    }
+
+    /// Allocate a chunk of class `cls` (a medium class).
+    ///
+    /// # Safety
+    /// Owner thread of `heap`.
+    pub(crate) unsafe fn alloc(&mut self, heap: *mut Heap, counters: &mut HeapCounters, cls: usize) -> *mut u8 {
+        let need = class_size(cls) + HDR;
+        let b = cls - SMALL_CLASSES;
+        for attempt in 0..2 {
+            // SAFETY: owner thread; all chunks touched are ours.
+            unsafe {
+                // 1. exact bin
+                let c = self.bins[b];
+                if !c.is_null() {
+                    self.bin_remove(c);
+                    return self.make_used(c, cls);
+                }
+                // 2. bump the current page
+                if !self.current.is_null() {
+                    let top = (*self.current).a as usize;
+                    if top + need <= PAGE {
+                        let c = (arena::unit_addr(self.current).add(top)) as *mut Chunk;
+                        (*c).size = need as u32;
+                        (*self.current).a = (top + need) as u32;
+                        return self.make_used(c, cls);
+                    }
+                }
+                // 3. split a larger free chunk
+                for bb in b + 1..MEDIUM_CLASSES {
+                    let c = self.bins[bb];
+                    if !c.is_null() {
+                        self.bin_remove(c);
+                        self.split(c, need);
+                        return self.make_used(c, cls);
+                    }
+                }
+                // 4. coalesce once, then retry
+                if attempt == 0 {
+                    counters.coalescings += 1;
+                    self.coalesce(counters);
+                }
+            }
+        }
+        // 5. a new page
+        if !self.take_page(heap, counters) {
+            return ptr::null_mut();
+        }
+        // SAFETY: the fresh current page has room for any medium chunk.
+        unsafe {
+            let c = arena::unit_addr(self.current) as *mut Chunk;
+            (*c).size = need as u32;
+            (*self.current).a = need as u32;
+            self.make_used(c, cls)
+        }
+    }
+
+    fn take_page(&mut self, heap: *mut Heap, counters: &mut HeapCounters) -> bool {
+        let locked = crate::solo::lock();
+        // SAFETY: global lock held.
+        let got = unsafe {
+            let g = global::state();
+            let r = g.alloc_span(PAGE_UNITS, PAGE_UNITS);
+            if r.is_some() {
+                g.stats.pages_out += 1;
+            }
+            r
+        };
+        crate::solo::unlock(locked);
+        let Some((idx, _)) = got else { return false };
+        // SAFETY: the page's units are ours now.
+        unsafe {
+            arena::mark_units(idx, PAGE_UNITS, kind::MEDIUM);
+            for i in idx..idx + PAGE_UNITS {
+                (*desc(i)).heap.store(heap, Ordering::Relaxed);
+            }
+            let first = desc(idx);
+            (*first).a = 0;
+            (*first).used = 0;
+            (*first).prev = ptr::null_mut();
+            (*first).next = self.page_list;
+            if !self.page_list.is_null() {
+                (*self.page_list).prev = first;
+            }
+            self.page_list = first;
+            self.current = first;
+            counters.pages_taken += 1;
+        }
+        self.pages += 1;
+        true
+    }
+
+    /// Validate a pointer into a medium page: it must be the payload of a
+    /// chunk (its header's tag matches its address) that is in use.
+    pub(crate) fn validate(p: *mut u8) -> Result<(), crate::report::BadFree> {
+        use crate::report::BadFree;
+        let page = Medium::page_of(p);
+        let base = arena::unit_addr(page) as usize;
+        let a = p as usize;
+        if a % 16 != 0 || a < base + HDR {
+            return Err(BadFree::NotABlock);
+        }
+        let c = (a - HDR) as *mut Chunk;
+        // SAFETY: c..c+16 lies inside the page (checked above), which is mapped.
+        unsafe {
+            if (*c).tag != tag_of(c) {
+                return Err(BadFree::NotABlock);
+            }
+            match (*c).state {
+                USED => Ok(()),
+                FREE | FRAG | IN_FLIGHT => Err(BadFree::DoubleFree),
+                _ => Err(BadFree::NotABlock),
+            }
+        }
+    }
+
+    /// Mark a validated chunk as on its way to its owner (a remote free), so
+    /// a second free of it is recognised.
+    pub(crate) fn mark_in_flight(p: *mut u8) {
+        // SAFETY: p is a validated live chunk; its header is not touched by
+        // the owner while the chunk is live.
+        unsafe { (*((p as usize - HDR) as *mut Chunk)).state = IN_FLIGHT };
+    }
+
+    /// Usable size of a live chunk.
+    pub(crate) fn usable(p: *mut u8) -> usize {
+        // SAFETY: p is a validated live chunk payload.
+        unsafe { (*((p as usize - HDR) as *mut Chunk)).size as usize - HDR }
+    }
+
+    /// Free a validated chunk of this heap.
+    ///
+    /// # Safety
+    /// Owner thread; `p` is a live chunk of this heap.
+    pub(crate) unsafe fn free_local(&mut self, counters: &mut HeapCounters, p: *mut u8) {
+        // SAFETY: p is a live chunk of ours.
+        unsafe {
+            let c = (p as usize - HDR) as *mut Chunk;
+            let q = (*c).size as usize - HDR;
+            let cls = class_index(q.min(class_size(NUM_CLASSES - 1)));
+            let cls = if class_size(cls) > q { cls - 1 } else { cls };
+            let slot = cls.max(SMALL_CLASSES) - SMALL_CLASSES;
+            self.live[slot] = self.live[slot].saturating_sub(1);
+            let page = Medium::page_of(p);
+            (*page).used -= 1;
+            self.bin_push(c);
+            if (*page).used == 0 && page != self.current {
+                self.release_page(counters, page);
+            }
+        }
+    }
+
+    /// Unbin every chunk of an empty page and give the page back.
+    unsafe fn release_page(&mut self, counters: &mut HeapCounters, page: *mut Desc) {
+        // SAFETY: every chunk of the page is free and ours.
+        unsafe {
+            let base = arena::unit_addr(page);
+            let top = (*page).a as usize;
+            let mut off = 0;
+            while off < top {
+                let c = base.add(off) as *mut Chunk;
+                self.bin_remove(c);
+                (*c).state = 0;
+                (*c).tag = 0;
+                off += (*c).size as usize;
+            }
+            if (*page).prev.is_null() {
+                self.page_list = (*page).next;
+            } else {
+                (*(*page).prev).next = (*page).next;
+            }
+            if !(*page).next.is_null() {
+                (*(*page).next).prev = (*page).prev;
+            }
+            if self.current == page {
+                self.current = self.page_list;
+            }
+            let idx = desc_index(page);
+            for i in idx..idx + PAGE_UNITS {
+                (*desc(i)).heap.store(ptr::null_mut(), Ordering::Relaxed);
+            }
+            (*page).a = 0;
+            counters.pages_returned += 1;
+            self.pages -= 1;
+            give_span_back(idx, PAGE_UNITS, true);
+        }
+    }
+
+    /// Merge adjacent free chunks in every page; a run that ends at a page's
+    /// bump offset lowers it.  Empty pages other than the current go back.
+    unsafe fn coalesce(&mut self, counters: &mut HeapCounters) {
+        let mut page = self.page_list;
+        while !page.is_null() {
+            // SAFETY: pages and chunks of this heap.
+            unsafe {
+                let next_page = (*page).next;
+                if (*page).used == 0 && page != self.current {
+                    self.release_page(counters, page);
+                    page = next_page;
+                    continue;
+                }
+                let base = arena::unit_addr(page);
+                let top = (*page).a as usize;
+                let mut off = 0;
+                while off < top {
+                    let c = base.add(off) as *mut Chunk;
+                    let size = (*c).size as usize;
+                    if (*c).state == USED {
+                        off += size;
+                        continue;
+                    }
+                    // A run of free chunks starting at c.
+                    self.bin_remove(c);
+                    let mut run = size;
+                    while off + run < top {
+                        let n = base.add(off + run) as *mut Chunk;
+                        if (*n).state == USED {
+                            break;
+                        }
+                        self.bin_remove(n);
+                        (*n).tag = 0;
+                        run += (*n).size as usize;
+                    }
+                    if off + run == top {
+                        (*page).a = off as u32;
+                        (*c).tag = 0;
+                        (*c).state = 0;
+                        break;
+                    }
+                    (*c).size = run as u32;
+                    self.bin_push(c);
+                    off += run;
+                }
+                page = next_page;
+            }
+        }
+    }
+
+    /// At heap abandonment: give back pages with no live chunk.
+    pub(crate) unsafe fn release_empty_pages(&mut self, counters: &mut HeapCounters) {
+        let mut page = self.page_list;
+        while !page.is_null() {
+            // SAFETY: pages of this heap.
+            unsafe {
+                let next = (*page).next;
+                if (*page).used == 0 {
+                    if self.current == page {
+                        self.current = ptr::null_mut();
+                    }
+                    self.release_page(counters, page);
+                }
+                page = next;
+            }
+        }
+        if self.current.is_null() {
+            self.current = self.page_list;
+        }
+    }
+
+    /// Check the bins and pages (owner; tests and debug).
+    pub(crate) fn check(&self) -> Result<(), &'static str> {
+        let mut page = self.page_list;
+        let mut n = 0;
+        while !page.is_null() {
+            // SAFETY: pages and chunks of this heap, read by the owner.
+            unsafe {
+                if (*page).kind != kind::MEDIUM {
+                    return Err("medium page list holds a unit of another kind");
+                }
+                let base = arena::unit_addr(page);
+                let top = (*page).a as usize;
+                let mut off = 0;
+                let mut used = 0;
+                while off < top {
+                    let c = base.add(off) as *mut Chunk;
+                    let size = (*c).size as usize;
+                    if size < HDR || size % 16 != 0 || off + size > top {
+                        return Err("medium chunk with a bad size");
+                    }
+                    match (*c).state {
+                        USED => used += 1,
+                        FREE => {
+                            let b = bin_of(size - HDR).ok_or("binned chunk too small for a bin")?;
+                            let mut x = self.bins[b];
+                            let mut found = false;
+                            while !x.is_null() {
+                                if x == c {
+                                    found = true;
+                                    break;
+                                }
+                                x = (*x).next;
+                            }
+                            if !found {
+                                return Err("free chunk missing from its bin");
+                            }
+                        }
+                        FRAG => {}
+                        _ => return Err("medium chunk with a bad state"),
+                    }
+                    off += size;
+                }
+                if used != (*page).used {
+                    return Err("page's live count disagrees with its chunks");
+                }
+                n += 1;
+                page = (*page).next;
+            }
+        }
+        if n != self.pages {
+            return Err("medium page count disagrees with the list");
+        }
+        Ok(())
+    }
+}

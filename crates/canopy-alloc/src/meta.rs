@@ -1,0 +1,40 @@
+//! Metadata memory for heap structures, apart from the arena.
+//!
+//! Heaps are never freed (an exited thread's heap waits for adoption), so a
+//! bump allocator over one reservation is all that is needed.  Called under
+//! the global lock.
+
+use crate::heap::Heap;
+use canopy_sync::prim::{AtomicUsize, Ordering};
+
+const META_BYTES: usize = 1 << 30;
+static BASE: AtomicUsize = AtomicUsize::new(0);
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// Reserve the metadata area.
+pub(crate) fn init() -> bool {
+    match canopy_sys::reserve_aligned(META_BYTES, 4096) {
+        Ok(p) => {
+            BASE.store(p as usize, Ordering::Relaxed);
+            NEXT.store(p as usize, Ordering::Relaxed);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// Room for one heap, or null when the area is exhausted.
+pub(crate) fn alloc_heap() -> *mut Heap {
+    let size = (core::mem::size_of::<Heap>() + 127) & !127;
+    let at = NEXT.load(Ordering::Relaxed);
+    if at + size > BASE.load(Ordering::Relaxed) + META_BYTES {
+        return core::ptr::null_mut();
+    }
+    NEXT.store(at + size, Ordering::Relaxed);
+    at as *mut Heap
+}
+
+/// Bytes of metadata handed out.
+pub(crate) fn used() -> usize {
+    NEXT.load(Ordering::Relaxed) - BASE.load(Ordering::Relaxed)
+}

@@ -1,0 +1,147 @@
+//! Messages about bad frees, written without allocating.
+//!
+//! Every message names the call, the pointer and what was wrong, e.g.
+//! `canopy: free(0x7f12a0010040): double free of a 112-byte block (class 6, slab 0x7f12a0010000)`.
+//! In check mode the process then aborts; in the default mode the free is
+//! refused (the memory is left as it was) and the message is printed when
+//! `CANOPY_VERBOSE=1`, or for the first few occurrences otherwise.
+
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+/// What was wrong with a free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadFree {
+    /// The block is already free.
+    DoubleFree,
+    /// The pointer is not inside memory Canopy manages.
+    Foreign,
+    /// The pointer is inside Canopy's memory but not at the start of a live block.
+    NotABlock,
+    /// The size or class given to a sized free does not match the block.
+    WrongSize,
+}
+
+impl BadFree {
+    fn text(self) -> &'static str {
+        match self {
+            BadFree::DoubleFree => "double free of a block",
+            BadFree::Foreign => "pointer was not allocated by Canopy",
+            BadFree::NotABlock => "pointer is not the start of a live block",
+            BadFree::WrongSize => "size or class does not match the block",
+        }
+    }
+}
+
+/// A fixed-size text buffer.
+pub(crate) struct Buf {
+    bytes: [u8; 256],
+    len: usize,
+}
+
+impl Buf {
+    pub(crate) const fn new() -> Buf {
+        Buf { bytes: [0; 256], len: 0 }
+    }
+    pub(crate) fn str(&mut self, s: &str) -> &mut Self {
+        for &b in s.as_bytes() {
+            if self.len < self.bytes.len() {
+                self.bytes[self.len] = b;
+                self.len += 1;
+            }
+        }
+        self
+    }
+    pub(crate) fn hex(&mut self, v: usize) -> &mut Self {
+        self.str("0x");
+        let mut digits = [0u8; 16];
+        let mut n = v;
+        let mut i = 0;
+        loop {
+            let d = (n & 15) as u8;
+            digits[i] = if d < 10 { b'0' + d } else { b'a' + d - 10 };
+            i += 1;
+            n >>= 4;
+            if n == 0 {
+                break;
+            }
+        }
+        while i > 0 {
+            i -= 1;
+            let c = [digits[i]];
+            // SAFETY: ASCII hex digit.
+            self.str(unsafe { core::str::from_utf8_unchecked(&c) });
+        }
+        self
+    }
+    pub(crate) fn dec(&mut self, v: usize) -> &mut Self {
+        let mut digits = [0u8; 20];
+        let mut n = v;
+        let mut i = 0;
+        loop {
+            digits[i] = b'0' + (n % 10) as u8;
+            i += 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        while i > 0 {
+            i -= 1;
+            let c = [digits[i]];
+            // SAFETY: ASCII digit.
+            self.str(unsafe { core::str::from_utf8_unchecked(&c) });
+        }
+        self
+    }
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+static REPORTED: AtomicUsize = AtomicUsize::new(0);
+/// Messages printed in the default mode before going quiet (unless verbose).
+const QUIET_AFTER: usize = 8;
+
+/// Number of bad frees seen so far (refused in the default mode).
+pub fn bad_frees() -> usize {
+    REPORTED.load(Ordering::Relaxed)
+}
+
+/// Report a bad free.  `call` is the API function (`"free"`, `"realloc"`,
+/// ...), `detail` optional extra words (block size, class, slab).
+/// Aborts in check mode; returns in the default mode.
+#[cold]
+pub(crate) fn bad_free(call: &str, p: *const u8, what: BadFree, block_size: usize, class: Option<usize>) {
+    let n = REPORTED.fetch_add(1, Ordering::Relaxed);
+    let opts = crate::options();
+    let mut b = Buf::new();
+    b.str("canopy: ").str(call).str("(").hex(p as usize).str("): ").str(what.text());
+    if block_size != 0 {
+        b.str(" (block of ").dec(block_size).str(" bytes");
+        if let Some(c) = class {
+            b.str(", class ").dec(c);
+        }
+        b.str(")");
+    }
+    if opts.check {
+        b.str("; aborting (check mode)\n");
+        canopy_sys::write_stderr(b.as_bytes());
+        canopy_sys::abort();
+    }
+    if opts.verbose || n < QUIET_AFTER {
+        b.str("; the free was refused\n");
+        canopy_sys::write_stderr(b.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_numbers() {
+        let mut b = Buf::new();
+        b.str("x=").hex(0xdead_beef).str(" n=").dec(0).str(",").dec(1234567);
+        assert_eq!(b.as_bytes(), b"x=0xdeadbeef n=0,1234567");
+    }
+}

@@ -1,0 +1,304 @@
+//! Unit tests of the allocator (in-process, through the Rust API).
+use super::*;
+
+fn fill(p: *mut u8, n: usize, seed: u8) {
+    for i in 0..n {
+        // SAFETY: p has n bytes.
+        unsafe { *p.add(i) = seed.wrapping_add(i as u8) };
+    }
+}
+
+fn verify(p: *mut u8, n: usize, seed: u8) -> bool {
+    (0..n).all(|i| unsafe { *p.add(i) } == seed.wrapping_add(i as u8))
+}
+
+#[test]
+fn small_blocks_are_distinct_aligned_and_reused() {
+    let mut ps = Vec::new();
+    for i in 0..10_000usize {
+        let n = 1 + i % 200;
+        let p = alloc(n);
+        assert!(!p.is_null());
+        assert_eq!(p as usize % 16, 0);
+        fill(p, n, i as u8);
+        ps.push((p, n, i as u8));
+    }
+    for &(p, n, s) in &ps {
+        assert!(verify(p, n, s));
+    }
+    check_invariants().unwrap();
+    let first = ps[0].0;
+    for (p, _, _) in ps {
+        unsafe { free(p) };
+    }
+    check_invariants().unwrap();
+    // LIFO reuse: the last freed block of the class comes back first.
+    let q = alloc(1);
+    assert!(!q.is_null());
+    unsafe { free(q) };
+    let _ = first;
+}
+
+#[test]
+fn every_class_round_trips() {
+    for c in 0..NUM_CLASSES {
+        let cls = SizeClass::from_index(c).unwrap();
+        let p = alloc_class(cls);
+        assert!(!p.is_null(), "class {c}");
+        assert!(unsafe { usable_size(p) } >= cls.size());
+        fill(p, cls.size(), c as u8);
+        assert!(verify(p, cls.size(), c as u8));
+        unsafe { free_class(p, cls) };
+    }
+    check_invariants().unwrap();
+}
+
+#[test]
+fn medium_split_and_coalesce() {
+    let sizes = [10_000usize, 20_000, 50_000, 100_000, 200_000, 256 * 1024];
+    let mut ps = Vec::new();
+    for round in 0..8 {
+        for (i, &n) in sizes.iter().enumerate() {
+            let p = alloc(n);
+            assert!(!p.is_null());
+            fill(p, n, (round * 7 + i) as u8);
+            ps.push((p, n, (round * 7 + i) as u8));
+        }
+    }
+    check_invariants().unwrap();
+    // Free every other one, then ask for big ones so coalescing must happen.
+    let mut keep = Vec::new();
+    for (i, x) in ps.into_iter().enumerate() {
+        if i % 2 == 0 {
+            unsafe { free(x.0) };
+        } else {
+            keep.push(x);
+        }
+    }
+    check_invariants().unwrap();
+    for _ in 0..20 {
+        let p = alloc(240_000);
+        assert!(!p.is_null());
+        fill(p, 240_000, 3);
+        keep.push((p, 240_000, 3));
+    }
+    for &(p, n, s) in &keep {
+        assert!(verify(p, n, s));
+    }
+    check_invariants().unwrap();
+    for (p, _, _) in keep {
+        unsafe { free(p) };
+    }
+    check_invariants().unwrap();
+}
+
+#[test]
+fn large_chunks_are_reused_not_unmapped() {
+    let before = stats::snapshot();
+    for i in 0..50 {
+        let n = (1 << 20) + i * 4096;
+        let p = alloc(n);
+        assert!(!p.is_null());
+        fill(p, 4096, i as u8);
+        unsafe { free(p) };
+    }
+    let after = stats::snapshot();
+    assert!(after.large_allocs - before.large_allocs >= 50);
+    assert_eq!(after.large_frees - before.large_frees, after.large_allocs - before.large_allocs);
+    check_invariants().unwrap();
+}
+
+#[test]
+fn alignment_requests() {
+    for &align in &[32usize, 64, 128, 256, 4096, 8192, 65536, 1 << 20] {
+        for &size in &[1usize, 24, 100, 5000, 70_000, 2 << 20] {
+            let p = alloc_aligned(size, align);
+            assert!(!p.is_null());
+            assert_eq!(p as usize % align, 0, "size {size} align {align}");
+            fill(p, size, 9);
+            assert!(verify(p, size, 9));
+            unsafe { free(p) };
+        }
+    }
+    assert!(alloc_aligned(16, 3).is_null());
+}
+
+#[test]
+fn realloc_keeps_contents() {
+    let mut p = alloc(10);
+    fill(p, 10, 1);
+    let mut n = 10;
+    for &m in &[20usize, 100, 3000, 9000, 40_000, 300_000, 3 << 20, 1000, 16] {
+        let q = unsafe { realloc(p, m) };
+        assert!(!q.is_null());
+        assert!(verify(q, n.min(m), 1));
+        fill(q, m, 1);
+        p = q;
+        n = m;
+    }
+    unsafe { free(p) };
+    assert!(unsafe { realloc(ptr::null_mut(), 5) } != ptr::null_mut());
+}
+
+#[test]
+fn calloc_zeroes_and_checks_overflow() {
+    assert!(calloc(usize::MAX / 2, 3).is_null());
+    for &n in &[1usize, 100, 20_000, 1 << 20, 5 << 20] {
+        let p = alloc(n);
+        fill(p, n, 0xAB);
+        unsafe { free(p) };
+        let z = calloc(1, n);
+        assert!((0..n).all(|i| unsafe { *z.add(i) } == 0), "calloc({n}) not zeroed");
+        unsafe { free(z) };
+    }
+}
+
+#[test]
+fn descriptor_and_data_in_one_block() {
+    let (d, data) = alloc_with_descriptor(40, 1000, 64).unwrap();
+    assert_eq!(data as usize % 64, 0);
+    assert!(data as usize >= d as usize + 40);
+    fill(d, 40, 1);
+    fill(data, 1000, 2);
+    assert!(verify(d, 40, 1) && verify(data, 1000, 2));
+    unsafe { free(d) };
+    assert!(alloc_with_descriptor(8, 8, 3).is_none());
+}
+
+#[test]
+fn cross_thread_frees_come_home() {
+    let ptrs: Vec<usize> = (0..5000).map(|i| {
+        let p = alloc(48 + i % 64);
+        fill(p, 48, 5);
+        p as usize
+    }).collect();
+    let before = stats::snapshot();
+    std::thread::spawn(move || {
+        // Give this thread a heap so its frees travel in batches.
+        let own = alloc(16);
+        for p in ptrs {
+            unsafe { free(p as *mut u8) };
+        }
+        unsafe { free(own) };
+    })
+    .join()
+    .unwrap();
+    // Our next slow paths drain the inbox.
+    let mut more = Vec::new();
+    for _ in 0..20_000 {
+        more.push(alloc(64));
+    }
+    let after = stats::snapshot();
+    assert!(after.remote_frees - before.remote_frees >= 5000);
+    assert!(after.remote_batches - before.remote_batches < 5000, "frees travel in batches");
+    assert!(after.remote_frees_received > before.remote_frees_received);
+    check_invariants().unwrap();
+    for p in more {
+        unsafe { free(p) };
+    }
+    check_invariants().unwrap();
+}
+
+#[test]
+fn heaps_of_exited_threads_are_adopted() {
+    let before = stats::snapshot();
+    for _ in 0..20 {
+        std::thread::spawn(|| {
+            let v: Vec<usize> = (0..100).map(|i| alloc(16 + i) as usize).collect();
+            for p in v.iter().step_by(2) {
+                unsafe { free(*p as *mut u8) };
+            }
+            // the other half stays live in the abandoned heap
+            std::mem::forget(v);
+        })
+        .join()
+        .unwrap();
+    }
+    let after = stats::snapshot();
+    assert!(after.heaps_adopted > before.heaps_adopted, "a later thread adopts an exited thread's heap");
+    assert!(after.heaps_created - before.heaps_created < 20, "heaps are reused, not created per thread");
+}
+
+#[test]
+fn default_mode_refuses_bad_frees() {
+    if options().check {
+        return; // check mode aborts instead; covered by the process tests.
+    }
+    let before = report::bad_frees();
+    let p = alloc(100);
+    unsafe { free(p) };
+    unsafe { free(p) }; // double free: refused
+    let q = alloc(100);
+    let r = alloc(100);
+    assert_ne!(q, r, "a double free must not hand a block out twice");
+    unsafe { free(q.add(8)) }; // interior pointer: refused
+    let mut local = 0u64;
+    unsafe { free(&mut local as *mut u64 as *mut u8) }; // foreign: refused
+    let m = alloc(50_000);
+    unsafe { free(m) };
+    unsafe { free(m) };
+    let l = alloc(3 << 20);
+    unsafe { free(l) };
+    unsafe { free(l) };
+    assert_eq!(report::bad_frees() - before, 5);
+    unsafe { free(q) };
+    unsafe { free(r) };
+    check_invariants().unwrap();
+}
+
+#[test]
+fn stats_report_in_use_and_classes() {
+    let p = alloc(1000);
+    let s = stats::snapshot();
+    assert!(s.in_use_bytes >= 1008);
+    assert!(s.reserved_bytes >= 1 << 30);
+    assert!(s.allocations > 0);
+    let text = s.to_string();
+    assert!(text.contains("in_use_bytes"));
+    let mut json = Vec::new();
+    s.write_json(&mut |b| json.extend_from_slice(b));
+    let json = String::from_utf8(json).unwrap();
+    assert!(json.starts_with('{') && json.ends_with('}') && json.contains("\"classes\":["));
+    let mut cells = 0;
+    stats::for_each_arena(|_| cells += 1);
+    assert!(cells > 0);
+    unsafe { free(p) };
+}
+
+#[test]
+fn collect_returns_memory() {
+    let ps: Vec<_> = (0..8).map(|_| alloc(8 << 20)).collect();
+    for &p in &ps {
+        fill(p, 8 << 20, 1);
+    }
+    for p in ps {
+        unsafe { free(p) };
+    }
+    let n = collect();
+    let s = stats::snapshot();
+    assert!(n > 0 || s.bytes_returned_to_os > 0, "freed large chunks go back to the OS past the retain limit or on collect");
+    check_invariants().unwrap();
+}
+
+#[test]
+fn frees_from_threads_without_a_heap() {
+    let ptrs: Vec<usize> = (0..1000).map(|_| alloc(200_000.min(32 + 1)) as usize).collect();
+    let m: Vec<usize> = (0..10).map(|_| alloc(20_000) as usize).collect();
+    std::thread::spawn(move || {
+        for p in ptrs.into_iter().chain(m) {
+            unsafe { free(p as *mut u8) };
+        }
+    })
+    .join()
+    .unwrap();
+    let mut v = Vec::new();
+    for _ in 0..5000 {
+        v.push(alloc(33));
+    }
+    v.push(alloc(20_000));
+    check_invariants().unwrap();
+    for p in v {
+        unsafe { free(p) };
+    }
+    check_invariants().unwrap();
+}

@@ -1,0 +1,101 @@
+/*
+ * canopy.h — Canopy's C interface.
+ *
+ * Link with -lcanopy_malloc (or LD_PRELOAD=libcanopy_malloc.so) and the
+ * standard allocation functions (malloc, free, calloc, realloc, ...) are
+ * Canopy's.  This header adds the rich interface of the SAC private heap
+ * manager: a size class computed once (at compile time when the size is a
+ * constant), allocation and free by class, sized free, and a descriptor
+ * allocated together with its data.
+ *
+ * Errors follow C: allocation returns NULL and sets errno to ENOMEM.
+ * Freeing a pointer Canopy did not allocate, or freeing twice, is reported
+ * and aborts in check mode (CANOPY_CHECK=1); in the default mode Canopy
+ * refuses such a free where it can detect it and never hands the memory out
+ * twice for the cases it detects (see README "Errors").
+ */
+#ifndef CANOPY_H
+#define CANOPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A size class: an index into Canopy's table of block sizes. */
+typedef uint32_t canopy_class_t;
+
+/* Returned by canopy_size_class for sizes above CANOPY_CLASS_MAX_SIZE. */
+#define CANOPY_CLASS_NONE ((canopy_class_t)0xffffffffu)
+
+/* Sizes up to this many bytes have a class (larger ones use malloc). */
+#define CANOPY_CLASS_MAX_SIZE ((size_t)256 * 1024)
+
+/* Number of classes. */
+#define CANOPY_CLASS_COUNT 52u
+
+/*
+ * The class of a request of `size` bytes.  Pure arithmetic: with a constant
+ * argument the compiler folds it, which is the compile-time arena selection
+ * of the SAC heap manager.  Classes 0..7 are 16..128 bytes in steps of 16;
+ * above that each power of two is split into four classes.
+ * Must agree with canopy_alloc::SizeClass::of (checked by the test suite).
+ */
+static inline canopy_class_t canopy_size_class_inline(size_t size) {
+    if (size <= 128) {
+        return size == 0 ? 0u : (canopy_class_t)((size - 1) >> 4);
+    }
+    if (size > CANOPY_CLASS_MAX_SIZE) {
+        return CANOPY_CLASS_NONE;
+    }
+    size_t m = size - 1;
+    unsigned k = 63u - (unsigned)__builtin_clzll((unsigned long long)m);
+    return (canopy_class_t)(8u + (k - 7u) * 4u + (unsigned)((m - ((size_t)1 << k)) >> (k - 2u)));
+}
+
+/* The same, computed by the library. */
+canopy_class_t canopy_size_class(size_t size);
+
+/* Block size of a class (the usable size of its blocks); 0 for an invalid class. */
+size_t canopy_class_size(canopy_class_t cls);
+
+/* Allocate one block of class `cls`.  NULL + EINVAL for an invalid class, NULL + ENOMEM when out of memory. */
+void *canopy_alloc_class(canopy_class_t cls);
+
+/* Free a block allocated with class `cls` (or with malloc of a size in that class). */
+void canopy_free_class(void *p, canopy_class_t cls);
+
+/* Free a block whose requested size is known. */
+void canopy_free_sized(void *p, size_t size);
+
+/*
+ * Allocate a descriptor of `desc_size` bytes and its data of `data_size`
+ * bytes aligned to `data_align` (a power of two, at most 4096) in one block.
+ * Returns the descriptor and stores the data pointer in *data.  One call to
+ * free (or canopy_free_with_descriptor) on the descriptor releases both.
+ */
+void *canopy_alloc_with_descriptor(size_t desc_size, size_t data_size, size_t data_align, void **data);
+
+/* Free a block returned by canopy_alloc_with_descriptor. */
+void canopy_free_with_descriptor(void *desc);
+
+/*
+ * Statistics as a JSON object written to buf (at most len bytes, always
+ * NUL-terminated when len > 0).  Returns the length the full text needs,
+ * excluding the NUL, like snprintf.
+ */
+size_t canopy_stats_json(char *buf, size_t len);
+
+/* Print the statistics table to standard error. */
+void canopy_stats_print(void);
+
+/* Give free memory back to the operating system now; returns bytes returned. */
+size_t canopy_collect(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CANOPY_H */

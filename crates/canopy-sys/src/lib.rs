@@ -1,0 +1,323 @@
+//! The platform layer of Canopy: the only crate that asks the operating
+//! system for memory.
+//!
+//! Glossary (used by every layer above):
+//! - *reserve*: claim a range of virtual addresses.  Canopy reserves read/write
+//!   with `MAP_NORESERVE`, so a page costs physical memory only once touched.
+//! - *commit*: make a reserved range usable.  On Linux this is implicit on
+//!   first touch; [`commit`] only hints the kernel.
+//! - *decommit*: give the physical pages of a range back to the OS while
+//!   keeping the addresses (`MADV_DONTNEED`); the range reads as zero after.
+//! - *release*: give the addresses back (`munmap`).
+//!
+//! Nothing here allocates through the Rust or C heap: the allocator calls
+//! these functions from inside `malloc`.
+#![deny(missing_docs)]
+
+use core::ptr;
+
+/// Why an address-space operation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OsError {
+    /// The operation that failed (`"mmap"`, `"madvise"`, ...).
+    pub op: &'static str,
+    /// `errno` after the call.
+    pub errno: i32,
+}
+
+impl core::fmt::Display for OsError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{} failed with errno {}", self.op, self.errno)
+    }
+}
+
+fn errno() -> i32 {
+    // SAFETY: __errno_location returns this thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Set this thread's `errno` (the C API reports errors through it).
+pub fn set_errno(value: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() = value }
+}
+
+/// The OS page size in bytes.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n <= 0 {
+        4096
+    } else {
+        n as usize
+    }
+}
+
+/// Reserve `size` bytes of address space aligned to `align` (a power of two,
+/// at least the page size).  The range is readable and writable and backed
+/// lazily.  Returns the aligned base.
+pub fn reserve_aligned(size: usize, align: usize) -> Result<*mut u8, OsError> {
+    debug_assert!(align.is_power_of_two());
+    let total = size.checked_add(align).ok_or(OsError { op: "reserve size", errno: libc::ENOMEM })?;
+    // SAFETY: anonymous private mapping with no fixed address; the kernel
+    // chooses the range, so no existing mapping is disturbed.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            total,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(OsError { op: "mmap", errno: errno() });
+    }
+    let start = p as usize;
+    let aligned = (start + align - 1) & !(align - 1);
+    let head = aligned - start;
+    let tail = total - head - size;
+    // SAFETY: [start, aligned) and [aligned+size, start+total) lie inside the
+    // mapping just made and nobody else knows about them.
+    unsafe {
+        if head > 0 {
+            libc::munmap(start as *mut libc::c_void, head);
+        }
+        if tail > 0 {
+            libc::munmap((aligned + size) as *mut libc::c_void, tail);
+        }
+    }
+    Ok(aligned as *mut u8)
+}
+
+/// Reserve `size` bytes at exactly `base` (for the global address space:
+/// every process maps the same range at the same address).  Fails with
+/// `EEXIST` if any part of the range is already mapped.
+pub fn reserve_fixed(base: usize, size: usize) -> Result<*mut u8, OsError> {
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; the
+    // kernel refuses instead.
+    let p = unsafe {
+        libc::mmap(
+            base as *mut libc::c_void,
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(OsError { op: "mmap(MAP_FIXED_NOREPLACE)", errno: errno() });
+    }
+    if p as usize != base {
+        // Old kernels ignore the flag and treat the address as a hint.
+        // SAFETY: p..p+size is the mapping just made.
+        unsafe { libc::munmap(p, size) };
+        return Err(OsError { op: "mmap(MAP_FIXED_NOREPLACE)", errno: libc::EEXIST });
+    }
+    Ok(p as *mut u8)
+}
+
+/// Hint that `[p, p+len)` will be used soon.
+///
+/// # Safety
+/// The range must lie inside a reservation made by this crate.
+pub unsafe fn commit(p: *mut u8, len: usize) {
+    // SAFETY: the caller guarantees the range is ours; WILLNEED is advisory.
+    unsafe { libc::madvise(p as *mut libc::c_void, len, libc::MADV_WILLNEED) };
+}
+
+/// Give the physical pages of `[p, p+len)` back to the OS.  The addresses stay
+/// reserved and read as zero afterwards.
+///
+/// # Safety
+/// The range must be page aligned, inside a reservation made by this crate,
+/// and hold no live data.
+pub unsafe fn decommit(p: *mut u8, len: usize) -> Result<(), OsError> {
+    // SAFETY: the caller guarantees the range is ours and dead.
+    let r = unsafe { libc::madvise(p as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+    if r != 0 {
+        return Err(OsError { op: "madvise(MADV_DONTNEED)", errno: errno() });
+    }
+    Ok(())
+}
+
+/// Ask for transparent huge pages on `[p, p+len)` (advisory).
+///
+/// # Safety
+/// The range must lie inside a reservation made by this crate.
+pub unsafe fn advise_huge(p: *mut u8, len: usize) {
+    // SAFETY: advisory call on our own range.
+    unsafe { libc::madvise(p as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+}
+
+/// Give `[p, p+len)` back entirely.
+///
+/// # Safety
+/// The range must be a reservation (or part of one) made by this crate that
+/// nobody uses any more.
+pub unsafe fn release(p: *mut u8, len: usize) {
+    // SAFETY: the caller guarantees the range is ours and unused.
+    unsafe { libc::munmap(p as *mut libc::c_void, len) };
+}
+
+/// A number that identifies the calling thread while it lives, read with one
+/// instruction on x86-64 Linux (the thread control block's self pointer).
+/// Never zero.
+#[inline(always)]
+pub fn thread_id() -> usize {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        let id: usize;
+        // SAFETY: on x86-64 Linux, %fs points at the thread control block whose
+        // first word is its own address (the TLS ABI); reading it has no side
+        // effects.
+        unsafe {
+            core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) id, options(nostack, readonly, preserves_flags, pure));
+        }
+        id
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        // SAFETY: pthread_self has no preconditions.
+        (unsafe { libc::pthread_self() }) as usize
+    }
+}
+
+/// Read an environment variable without allocating.  Returns the bytes of the
+/// value (valid for the life of the process unless the environment is changed).
+pub fn getenv(name: &core::ffi::CStr) -> Option<&'static [u8]> {
+    // SAFETY: getenv takes a NUL-terminated name and returns NULL or a
+    // NUL-terminated string owned by the environment.
+    let p = unsafe { libc::getenv(name.as_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: p is a NUL-terminated C string from the environment.
+    Some(unsafe { core::ffi::CStr::from_ptr(p) }.to_bytes())
+}
+
+/// Write bytes to standard error with `write(2)`, without allocating.
+pub fn write_stderr(bytes: &[u8]) {
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        // SAFETY: rest points at rest.len() readable bytes.
+        let n = unsafe { libc::write(2, rest.as_ptr() as *const libc::c_void, rest.len()) };
+        if n <= 0 {
+            if n < 0 && errno() == libc::EINTR {
+                continue;
+            }
+            return;
+        }
+        rest = &rest[n as usize..];
+    }
+}
+
+/// Abort the process (no unwinding, no allocation).
+pub fn abort() -> ! {
+    // SAFETY: abort has no preconditions.
+    unsafe { libc::abort() }
+}
+
+/// Give up the processor (used by spin loops that wait long).
+pub fn yield_now() {
+    // SAFETY: sched_yield has no preconditions.
+    unsafe { libc::sched_yield() };
+}
+
+/// Number of processors online.
+pub fn cpu_count() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n <= 0 {
+        1
+    } else {
+        n as usize
+    }
+}
+
+/// Resident set size of this process in bytes (from /proc/self/statm), or
+/// `None` where unavailable.  Allocates nothing.
+pub fn resident_bytes() -> Option<usize> {
+    let mut buf = [0u8; 128];
+    // SAFETY: the path is NUL-terminated; buf is writable for its length.
+    let n = unsafe {
+        let fd = libc::open(c"/proc/self/statm".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return None;
+        }
+        let n = libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len());
+        libc::close(fd);
+        n
+    };
+    if n <= 0 {
+        return None;
+    }
+    let text = &buf[..n as usize];
+    let mut fields = text.split(|&b| b == b' ');
+    fields.next()?;
+    let rss = fields.next()?;
+    let mut v = 0usize;
+    for &b in rss {
+        if !b.is_ascii_digit() {
+            break;
+        }
+        v = v * 10 + (b - b'0') as usize;
+    }
+    Some(v * page_size())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserve_is_aligned_and_writable() {
+        let p = reserve_aligned(4 << 20, 1 << 20).unwrap();
+        assert_eq!(p as usize % (1 << 20), 0);
+        // SAFETY: p..p+4MiB was just reserved read/write.
+        unsafe {
+            p.write(7);
+            p.add((4 << 20) - 1).write(9);
+            assert_eq!(p.read(), 7);
+            decommit(p, 4 << 20).unwrap();
+            assert_eq!(p.read(), 0, "decommitted memory reads as zero");
+            release(p, 4 << 20);
+        }
+    }
+
+    #[test]
+    fn fixed_reservation_refuses_overlap() {
+        let p = reserve_aligned(2 << 20, 1 << 20).unwrap();
+        let e = reserve_fixed(p as usize, 1 << 20).unwrap_err();
+        assert_eq!(e.errno, libc::EEXIST);
+        // SAFETY: p is our reservation.
+        unsafe { release(p, 2 << 20) };
+        let q = reserve_fixed(p as usize, 1 << 20).unwrap();
+        assert_eq!(q, p);
+        // SAFETY: q is our reservation.
+        unsafe { release(q, 1 << 20) };
+    }
+
+    #[test]
+    fn thread_ids_differ_between_threads() {
+        let me = thread_id();
+        assert_ne!(me, 0);
+        assert_eq!(me, thread_id());
+        let other = std::thread::spawn(thread_id).join().unwrap();
+        assert_ne!(me, other);
+    }
+
+    #[test]
+    fn getenv_reads_without_allocating() {
+        std::env::set_var("CANOPY_SYS_TEST_VAR", "42");
+        assert_eq!(getenv(c"CANOPY_SYS_TEST_VAR"), Some(&b"42"[..]));
+        assert_eq!(getenv(c"CANOPY_SYS_TEST_VAR_MISSING"), None);
+    }
+
+    #[test]
+    fn resident_bytes_is_reported() {
+        assert!(resident_bytes().unwrap() > 0);
+    }
+}
