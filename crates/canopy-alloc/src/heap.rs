@@ -514,7 +514,6 @@ impl Heap {
         self.counters.remote_frees_sent += 1;
         // SAFETY: p is a dead block we may link through; slot is ours.
         unsafe {
-            (*(p as *mut Block)).tag = free_tag(p as usize);
             let slot = &mut self.remote[slot_i];
             if slot.heap != target && slot.count > 0 {
                 let s = *slot;

@@ -361,7 +361,9 @@ impl Medium {
                 while off < top {
                     let c = base.add(off) as *mut Chunk;
                     let size = (*c).size as usize;
-                    if (*c).state == USED {
+                    if (*c).state != FREE && (*c).state != FRAG {
+                        // USED, or IN_FLIGHT: freed by another thread and
+                        // still on its way back to us.
                         off += size;
                         continue;
                     }
@@ -370,7 +372,7 @@ impl Medium {
                     let mut run = size;
                     while off + run < top {
                         let n = base.add(off + run) as *mut Chunk;
-                        if (*n).state == USED {
+                        if (*n).state != FREE && (*n).state != FRAG {
                             break;
                         }
                         self.bin_remove(n);
@@ -434,7 +436,7 @@ impl Medium {
                         return Err("medium chunk with a bad size");
                     }
                     match (*c).state {
-                        USED => used += 1,
+                        USED | IN_FLIGHT => used += 1,
                         FREE => {
                             let b = bin_of(size - HDR).ok_or("binned chunk too small for a bin")?;
                             let mut x = self.bins[b];

@@ -302,3 +302,117 @@ fn frees_from_threads_without_a_heap() {
     }
     check_invariants().unwrap();
 }
+
+struct Rng(u32);
+impl Rng {
+    fn next(&mut self) -> u32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 17;
+        self.0 ^= self.0 << 5;
+        self.0
+    }
+    fn pick(&mut self) -> usize {
+        let r = self.next() % 100;
+        (if r < 80 {
+            self.next() % 512
+        } else if r < 97 {
+            512 + self.next() % 16000
+        } else if r < 99 {
+            16000 + self.next() % 250_000
+        } else {
+            300_000 + self.next() % 3_000_000
+        }) as usize
+    }
+}
+
+#[test]
+fn random_walk_keeps_every_byte() {
+    let mut rng = Rng(2654435761);
+    let mut slots: Vec<Option<(usize, usize, u8)>> = vec![None; 4096];
+    for round in 0..40_000 {
+        let n = rng.pick();
+        let p = if rng.next() & 7 == 0 { calloc(1, n) } else { alloc(n) };
+        assert!(!p.is_null());
+        let seed = rng.next() as u8;
+        fill(p, n, seed);
+        let (mut p, mut n) = (p, n);
+        if rng.next() & 15 == 0 {
+            let m = rng.pick();
+            let q = unsafe { realloc(p, m) };
+            assert!(!q.is_null() || m == 0);
+            assert!(verify(q, n.min(m), seed), "round {round}: realloc {n} -> {m} lost data");
+            p = q;
+            n = m;
+            fill(p, n, seed);
+        }
+        let k = rng.next() as usize % slots.len();
+        if let Some((op, on, os)) = slots[k].replace((p as usize, n, seed)) {
+            assert!(verify(op as *mut u8, on, os), "round {round}: block of {on} bytes at {op:#x} corrupted");
+            unsafe { free(op as *mut u8) };
+        }
+        if round % 5000 == 0 {
+            check_invariants().unwrap();
+        }
+    }
+    for s in slots.into_iter().flatten() {
+        assert!(verify(s.0 as *mut u8, s.1, s.2));
+        unsafe { free(s.0 as *mut u8) };
+    }
+    check_invariants().unwrap();
+}
+
+fn exchange_stress(threads: usize, rounds: usize, pick: fn(&mut Rng) -> usize) {
+    use std::sync::Mutex;
+    let slots: std::sync::Arc<Vec<Mutex<Option<(usize, usize, u8)>>>> = std::sync::Arc::new((0..1024).map(|_| Mutex::new(None)).collect());
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let slots = slots.clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x9e37_79b9 ^ (t as u32 * 7919 + 1));
+                for _ in 0..rounds {
+                    let n = pick(&mut rng);
+                    let p = alloc(n);
+                    assert!(!p.is_null());
+                    let seed = rng.next() as u8;
+                    fill(p, n, seed);
+                    let k = rng.next() as usize % slots.len();
+                    let old = slots[k].lock().unwrap().replace((p as usize, n, seed));
+                    if let Some((op, on, os)) = old {
+                        assert!(verify(op as *mut u8, on, os), "block of {on} bytes corrupted in transit");
+                        unsafe { free(op as *mut u8) };
+                    }
+                }
+                check_invariants().unwrap();
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    for s in slots.iter() {
+        if let Some((p, n, seed)) = s.lock().unwrap().take() {
+            assert!(verify(p as *mut u8, n, seed));
+            unsafe { free(p as *mut u8) };
+        }
+    }
+}
+
+#[test]
+fn exchange_small() {
+    exchange_stress(4, 20_000, |r| (r.next() % 512) as usize);
+}
+
+#[test]
+fn exchange_medium() {
+    exchange_stress(4, 5_000, |r| 9000 + (r.next() % 200_000) as usize);
+}
+
+#[test]
+fn exchange_large() {
+    exchange_stress(4, 400, |r| 300_000 + (r.next() % 1_500_000) as usize);
+}
+
+#[test]
+fn exchange_mixed() {
+    exchange_stress(4, 20_000, |r| r.pick());
+}

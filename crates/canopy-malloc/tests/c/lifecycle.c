@@ -1,0 +1,84 @@
+/* Process and thread lifecycle under LD_PRELOAD: allocation before main, from
+ * thread-local destructors, thousands of short-lived threads (some blocks
+ * freed by the parent), and fork() while other threads allocate.
+ * Usage: lifecycle [threads-to-churn].  Prints "lifecycle ok". */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char *early;
+__attribute__((constructor)) static void before_main(void) {
+    early = malloc(100);
+    strcpy(early, "allocated before main");
+}
+
+static pthread_key_t key;
+static void tls_dtor(void *p) {
+    /* Allocation and free inside a thread-local destructor. */
+    char *q = malloc(64);
+    memcpy(q, p, 16);
+    free(p);
+    free(q);
+}
+
+static void *short_lived(void *arg) {
+    pthread_setspecific(key, malloc(32));
+    void *keep = NULL;
+    for (int i = 0; i < 200; i++) {
+        void *p = malloc(16 + (i * 37) % 2000);
+        memset(p, i, 16);
+        if (i == 100) keep = p; else free(p);
+    }
+    (void)arg;
+    return keep; /* freed by the parent */
+}
+
+static volatile int stop;
+static void *busy(void *arg) {
+    (void)arg;
+    while (!stop) {
+        void *ps[64];
+        for (int i = 0; i < 64; i++) ps[i] = malloc(8 + i * 24);
+        for (int i = 0; i < 64; i++) free(ps[i]);
+    }
+    return NULL;
+}
+
+static void *child_thread(void *arg) { (void)arg; void *p = malloc(1000); free(p); return NULL; }
+
+int main(int argc, char **argv) {
+    int churn = argc > 1 ? atoi(argv[1]) : 2000;
+    if (!early || strcmp(early, "allocated before main") != 0) { fprintf(stderr, "constructor allocation lost\n"); return 1; }
+    free(early);
+    pthread_key_create(&key, tls_dtor);
+    for (int i = 0; i < churn; i++) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, short_lived, NULL) != 0) { fprintf(stderr, "pthread_create failed\n"); return 1; }
+        void *ret;
+        pthread_join(t, &ret);
+        free(ret);
+    }
+    /* fork while two threads allocate */
+    pthread_t b[2];
+    for (int i = 0; i < 2; i++) pthread_create(&b[i], NULL, busy, NULL);
+    for (int f = 0; f < 20; f++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            for (int i = 0; i < 1000; i++) { void *p = malloc(i * 8); free(p); }
+            pthread_t t;
+            pthread_create(&t, NULL, child_thread, NULL);
+            pthread_join(t, NULL);
+            _exit(0);
+        }
+        int st = 0;
+        waitpid(pid, &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) { fprintf(stderr, "child %d failed: status %d\n", f, st); return 1; }
+    }
+    stop = 1;
+    for (int i = 0; i < 2; i++) pthread_join(b[i], NULL);
+    printf("lifecycle ok\n");
+    return 0;
+}

@@ -1,0 +1,226 @@
+//! Real programs on Canopy through `LD_PRELOAD`: C programs of our own (API,
+//! threads, process lifecycle, bad frees), Python and git.
+//!
+//! The shared library is taken from `CANOPY_MALLOC_LIB`, else
+//! `target/release/libcanopy_malloc.so`, else it is built with
+//! `cargo build --release -p canopy-malloc`.  Stress sizes scale with
+//! `CANOPY_STRESS_SCALE` (default 1, the quick CI setting).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace().join("target"))
+}
+
+fn lib() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        if let Some(p) = std::env::var_os("CANOPY_MALLOC_LIB") {
+            return PathBuf::from(p);
+        }
+        let p = target_dir().join("release/libcanopy_malloc.so");
+        if !p.exists() {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let st = Command::new(cargo)
+                .args(["build", "--release", "-p", "canopy-malloc"])
+                .current_dir(workspace())
+                .status()
+                .expect("run cargo to build libcanopy_malloc.so");
+            assert!(st.success(), "building libcanopy_malloc.so failed");
+        }
+        assert!(p.exists(), "{} missing", p.display());
+        p
+    })
+}
+
+fn scale() -> usize {
+    std::env::var("CANOPY_STRESS_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1)
+}
+
+fn compile(name: &str) -> PathBuf {
+    // One compilation per program, even when tests run in parallel.
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, p)) = built.iter().find(|(n, _)| n == name) {
+        return p.clone();
+    }
+    let p = compile_now(name);
+    built.push((name.to_string(), p.clone()));
+    p
+}
+
+fn compile_now(name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(format!("{name}.c"));
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("canopy-c-{name}"));
+    let st = Command::new("cc")
+        .args(["-O1", "-g", "-pthread", "-Wall", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .expect("a C compiler (cc) is needed for these tests");
+    assert!(st.success(), "compiling {} failed", src.display());
+    out
+}
+
+fn run(cmd: &mut Command, check_mode: bool) -> Output {
+    cmd.env("LD_PRELOAD", lib()).env("CANOPY_CHECK", if check_mode { "1" } else { "0" });
+    let out = cmd.output().expect("run program");
+    out
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn expect_ok(out: &Output, marker: &str, what: &str) {
+    assert!(
+        out.status.success() && text(&out.stdout).contains(marker),
+        "{what}: status {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn c_api_default_and_check_mode() {
+    let exe = compile("api");
+    for check in [false, true] {
+        let out = run(&mut Command::new(&exe), check);
+        expect_ok(&out, "api ok", &format!("api (check={check})"));
+    }
+}
+
+#[test]
+fn c_threads_with_cross_thread_frees() {
+    let exe = compile("threads");
+    let rounds = (20_000 * scale()).to_string();
+    for check in [false, true] {
+        let out = run(Command::new(&exe).args(["4", &rounds]), check);
+        expect_ok(&out, "threads ok", &format!("threads (check={check})"));
+    }
+}
+
+#[test]
+fn c_lifecycle_fork_churn_tls_destructors() {
+    let exe = compile("lifecycle");
+    let churn = (2000 * scale()).to_string();
+    for check in [false, true] {
+        let out = run(Command::new(&exe).arg(&churn), check);
+        expect_ok(&out, "lifecycle ok", &format!("lifecycle (check={check})"));
+    }
+}
+
+#[test]
+fn bad_frees_are_refused_in_default_mode() {
+    let exe = compile("badfree");
+    for (what, words) in [
+        ("double", "double free"),
+        ("foreign", "not allocated by Canopy"),
+        ("interior", "not the start of a live block"),
+        ("large", "double free"),
+        ("medium", "double free"),
+    ] {
+        let out = run(Command::new(&exe).arg(what), false);
+        expect_ok(&out, "survived", &format!("badfree {what}"));
+        let err = text(&out.stderr);
+        assert!(err.contains("canopy: free(0x") && err.contains(words), "badfree {what}: message was {err:?}");
+    }
+}
+
+#[test]
+fn bad_frees_abort_in_check_mode() {
+    let exe = compile("badfree");
+    for (what, words) in [
+        ("double", "double free"),
+        ("foreign", "not allocated by Canopy"),
+        ("interior", "not the start of a live block"),
+        ("large", "double free"),
+        ("medium", "double free"),
+    ] {
+        let out = run(Command::new(&exe).arg(what), true);
+        assert!(!out.status.success(), "badfree {what} must abort in check mode");
+        let err = text(&out.stderr);
+        assert!(err.contains("canopy: free(0x") && err.contains(words) && err.contains("aborting"), "badfree {what}: {err:?}");
+        assert!(!text(&out.stdout).contains("survived"));
+    }
+}
+
+#[test]
+fn python_allocation_heavy_script() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("python3 not found: skipping");
+        return;
+    }
+    let script = r#"
+import threading, json, random
+random.seed(7)
+d = {}
+def work(k):
+    local = []
+    for i in range(60000):
+        s = str(i) * (1 + i % 17)
+        d[(k, i % 3000)] = s
+        local.append([s, {i: s}])
+        if len(local) > 500:
+            local = local[250:]
+ts = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+blob = json.dumps({str(k): v for k, v in d.items()})
+back = json.loads(blob)
+big = [bytearray(random.randrange(1, 3 << 20)) for _ in range(40)]
+print(len(d), len(back), sum(len(b) > 0 for b in big))
+"#;
+    for check in [false, true] {
+        let out = run(Command::new("python3").args(["-c", script]), check);
+        assert!(out.status.success(), "python (check={check}): {}", text(&out.stderr));
+        assert_eq!(text(&out.stdout).trim(), "9000 9000 40");
+    }
+}
+
+#[test]
+fn git_on_a_small_repository() {
+    if Command::new("git").arg("--version").output().is_err() {
+        eprintln!("git not found: skipping");
+        return;
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("canopy-git-test");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..200 {
+        std::fs::write(dir.join(format!("f{i}.txt")), format!("line {i}\n").repeat(i + 1)).unwrap();
+    }
+    let git = |args: &[&str]| {
+        let out = run(
+            Command::new("git")
+                .args(["-c", "user.email=ci@canopy", "-c", "user.name=canopy", "-c", "init.defaultBranch=main"])
+                .args(args)
+                .current_dir(&dir),
+            false,
+        );
+        assert!(out.status.success(), "git {args:?}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    git(&["init", "-q"]);
+    git(&["add", "."]);
+    git(&["commit", "-qm", "first"]);
+    for i in 0..50 {
+        std::fs::write(dir.join(format!("f{i}.txt")), format!("changed {i}\n")).unwrap();
+    }
+    git(&["commit", "-qam", "second"]);
+    let log = git(&["log", "--oneline"]);
+    assert_eq!(log.lines().count(), 2);
+    let diff = git(&["diff", "--stat", "HEAD~1"]);
+    assert!(diff.contains("50 files changed"), "{diff}");
+    git(&["gc", "-q"]);
+    let fsck = run(Command::new("git").args(["fsck"]).current_dir(&dir), true);
+    assert!(fsck.status.success(), "git fsck in check mode: {}", text(&fsck.stderr));
+}
