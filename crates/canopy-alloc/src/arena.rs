@@ -141,8 +141,11 @@ impl Desc {
 pub(crate) static ARENA_BASE: AtomicUsize = AtomicUsize::new(0);
 /// Units reserved in the arena.
 pub(crate) static ARENA_UNITS: AtomicUsize = AtomicUsize::new(0);
-/// Address of the descriptor table.
-pub(crate) static DESC_BASE: AtomicPtr<Desc> = AtomicPtr::new(ptr::null_mut());
+/// The descriptor table sits this many bytes below the arena base, so one
+/// load (the base) finds both the unit index and its descriptor.
+pub const TABLE_OFFSET: usize = 1 << 30;
+const TABLE_BYTES: usize = MAX_UNITS * core::mem::size_of::<Desc>();
+const _: () = assert!(TABLE_BYTES <= TABLE_OFFSET);
 
 /// Arena base (relaxed: set once before any pointer into the arena exists).
 #[inline(always)]
@@ -162,14 +165,13 @@ pub fn unit_index(p: usize) -> usize {
 /// `idx < MAX_UNITS` and the arena is initialised.
 #[inline(always)]
 pub unsafe fn desc(idx: usize) -> *mut Desc {
-    // SAFETY: the table covers MAX_UNITS descriptors (caller checks idx).
-    unsafe { DESC_BASE.load(Ordering::Relaxed).add(idx) }
+    ((arena_base() - TABLE_OFFSET) + idx * core::mem::size_of::<Desc>()) as *mut Desc
 }
 
 /// Index of a descriptor.
 #[inline(always)]
 pub fn desc_index(d: *const Desc) -> usize {
-    (d as usize - DESC_BASE.load(Ordering::Relaxed) as usize) / core::mem::size_of::<Desc>()
+    (d as usize - (arena_base() - TABLE_OFFSET)) / core::mem::size_of::<Desc>()
 }
 
 /// Address of the unit a descriptor describes.
@@ -183,42 +185,41 @@ pub fn arena_units() -> usize {
     ARENA_UNITS.load(Ordering::Relaxed)
 }
 
-/// Reserve the arena and the descriptor table.  Called once, under the
-/// global lock.  Returns false if the OS refuses even 1 GiB.
+/// Reserve the descriptor table and the arena, one reservation with the
+/// table in the gigabyte below the arena (which is 1 GiB aligned).  Called
+/// once, under the init lock.  Returns false if the OS refuses even 1 GiB.
 pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
-    let table_bytes = MAX_UNITS * core::mem::size_of::<Desc>();
-    let Ok(table) = canopy_sys::reserve_aligned(table_bytes, PAGE) else {
-        return false;
-    };
     let mut gb = arena_gb.min((MAX_UNITS * UNIT) >> 30).max(1);
     loop {
-        match canopy_sys::reserve_aligned(gb << 30, 1 << 30) {
-            Ok(base) => {
+        match canopy_sys::reserve_aligned(TABLE_OFFSET + (gb << 30), 1 << 30) {
+            Ok(start) => {
+                // SAFETY: start..start+1GiB+gb GiB was just reserved; the part
+                // of the first gigabyte after the table is never used.
+                let base = unsafe {
+                    canopy_sys::release(start.add(TABLE_BYTES), TABLE_OFFSET - TABLE_BYTES);
+                    start.add(TABLE_OFFSET)
+                };
                 if huge {
-                    // SAFETY: base..base+gb GiB was just reserved.
+                    // SAFETY: base..base+gb GiB is ours.
                     unsafe { canopy_sys::advise_huge(base, gb << 30) };
                 }
-                DESC_BASE.store(table as *mut Desc, Ordering::Relaxed);
                 ARENA_UNITS.store((gb << 30) >> UNIT_SHIFT, Ordering::Relaxed);
-                // Release: a thread that sees the base also sees the table.
+                // Release: a thread that sees the base also sees the units.
                 ARENA_BASE.store(base as usize, Ordering::Release);
                 return true;
             }
             Err(_) if gb > 1 => gb /= 2,
-            Err(_) => {
-                // SAFETY: the table reservation is ours and unused.
-                unsafe { canopy_sys::release(table, table_bytes) };
-                return false;
-            }
+            Err(_) => return false,
         }
     }
 }
 
 /// The tag a free small block carries in its second word: a per-process
-/// constant mixed with the block address, so user data rarely matches it.
+/// random odd number, so user data almost never matches it.  A block on its
+/// way to its owner (a remote free) carries `free_tag() ^ 1`.
 #[inline(always)]
-pub fn free_tag(p: usize) -> usize {
-    p ^ FREE_KEY.load(Ordering::Relaxed)
+pub fn free_tag() -> usize {
+    FREE_KEY.load(Ordering::Relaxed)
 }
 
 pub(crate) static FREE_KEY: AtomicUsize = AtomicUsize::new(0x5bd1_e995_a3c5_9ac3);

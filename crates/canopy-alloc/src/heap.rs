@@ -283,7 +283,8 @@ impl Heap {
                 if !(*d).free.is_null() {
                     return self.pop_checked(d);
                 }
-                // Exhausted: move to the full list.
+                // Exhausted: drop the current bias, move to the full list.
+                (*d).used -= 1;
                 (*d).flags |= FLAG_FULL;
                 Heap::list_push(&mut self.full[c], d);
                 self.set_current(c, empty_desc());
@@ -292,6 +293,7 @@ impl Heap {
             while !self.avail[c].is_null() {
                 let s = self.avail[c];
                 Heap::list_remove(&mut self.avail[c], s);
+                (*s).used += 1;
                 if (*s).free.is_null() {
                     self.carve(s);
                 }
@@ -299,6 +301,7 @@ impl Heap {
                     self.set_current(c, s);
                     return self.pop_checked(s);
                 }
+                (*s).used -= 1;
                 (*s).flags |= FLAG_FULL;
                 Heap::list_push(&mut self.full[c], s);
             }
@@ -346,12 +349,13 @@ impl Heap {
             }
             let n = (CARVE_BYTES / size).max(1).min((cap - carved) / size);
             let base = arena::unit_addr(d) as usize + carved;
+            let tag = free_tag();
             let mut head = (*d).free;
             // Link in reverse so blocks come out in address order.
             for i in (0..n).rev() {
                 let b = (base + i * size) as *mut Block;
                 (*b).next = head;
-                (*b).tag = free_tag(b as usize);
+                (*b).tag = tag;
                 head = b;
             }
             (*d).free = head;
@@ -375,7 +379,8 @@ impl Heap {
             (*page_first).page_free -= 1;
             let size = class_size(c);
             (*d).free = ptr::null_mut();
-            (*d).used = 0;
+            // The bias of being current (see `Heap`): never 0 while current.
+            (*d).used = 1;
             (*d).class = c as u8;
             (*d).flags = 0;
             (*d).divc = u64::MAX / size as u64 + 1;
@@ -478,7 +483,7 @@ impl Heap {
         unsafe {
             let b = p as *mut Block;
             (*b).next = (*d).free;
-            (*b).tag = free_tag(p as usize);
+            (*b).tag = free_tag();
             (*d).free = b;
             (*d).used -= 1;
             if (*d).flags != 0 || (*d).used == 0 {
@@ -488,7 +493,8 @@ impl Heap {
     }
 
     /// After a local free: a full slab becomes available again; an empty
-    /// slab that is not current goes back to the free units.
+    /// slab goes back to the free units (the current slab never gets here
+    /// empty: it carries a bias of one in `used`).
     #[cold]
     pub(crate) unsafe fn free_small_post(&mut self, d: *mut Desc) {
         // SAFETY: d is a slab of this heap (owner thread).
@@ -499,7 +505,8 @@ impl Heap {
                 Heap::list_remove(&mut self.full[c], d);
                 Heap::list_push(&mut self.avail[c], d);
             }
-            if (*d).used == 0 && self.cur[c] != d {
+            if (*d).used == 0 {
+                debug_assert!(self.cur[c] != d, "the current slab is never empty");
                 Heap::list_remove(&mut self.avail[c], d);
                 self.release_slab(d);
             }
@@ -612,7 +619,7 @@ impl Heap {
                 while !d.is_null() && d != empty_desc() {
                     // SAFETY: slabs of this heap, read by their owner.
                     unsafe {
-                        blocks += (*d).used as u64;
+                        blocks += (*d).used as u64 - only_one as u64;
                         slabs += 1;
                         d = if only_one { ptr::null_mut() } else { (*d).next };
                     }
@@ -649,6 +656,7 @@ impl Heap {
                 let d = self.cur[c];
                 self.set_current(c, empty_desc());
                 if d != empty_desc() {
+                    (*d).used -= 1;
                     Heap::list_push(&mut self.avail[c], d);
                 }
                 // Empty slabs go back; the rest lose their owner.
@@ -768,6 +776,24 @@ impl Heap {
                             return Err("used + free + uncarved != capacity");
                         }
                         s = (*s).next;
+                    }
+                }
+            }
+            if d != empty_desc() {
+                // SAFETY: owner reading its own current slab.
+                unsafe {
+                    let size = (*d).b as usize;
+                    let cap = UNIT / size;
+                    let mut free = 0;
+                    let mut b = (*d).free;
+                    while !b.is_null() && free <= cap {
+                        free += 1;
+                        b = (*b).next;
+                    }
+                    let uncarved = cap - (*d).a as usize / size;
+                    // The current slab's `used` carries a bias of one.
+                    if (*d).used as usize + free + uncarved != cap + 1 {
+                        return Err("current slab: used - 1 + free + uncarved != capacity");
                     }
                 }
             }

@@ -143,17 +143,36 @@ fn alloc_small_slow(mut h: *mut Heap, c: usize) -> *mut u8 {
     if h == empty_heap() {
         h = thread::acquire_heap();
         if h.is_null() {
-            return ptr::null_mut();
+            return out_of_memory();
         }
     }
     // SAFETY: h is this thread's live heap.
-    unsafe { (*h).alloc_small_slow(c) }
+    let p = unsafe { (*h).alloc_small_slow(c) };
+    if p.is_null() {
+        return out_of_memory();
+    }
+    p
+}
+
+/// Null, with `errno = ENOMEM` for C callers (harmless for Rust ones).
+#[cold]
+fn out_of_memory() -> *mut u8 {
+    canopy_sys::set_errno(libc::ENOMEM);
+    ptr::null_mut()
 }
 
 /// Medium or large.
 #[cold]
 #[inline(never)]
 fn alloc_big(size: usize) -> *mut u8 {
+    let p = alloc_big_inner(size);
+    if p.is_null() {
+        return out_of_memory();
+    }
+    p
+}
+
+fn alloc_big_inner(size: usize) -> *mut u8 {
     if size <= MEDIUM_MAX {
         let mut h = tls_heap();
         if h == empty_heap() {
@@ -303,23 +322,39 @@ pub unsafe fn free(p: *mut u8) {
 /// As for [`free`].
 #[inline(always)]
 pub unsafe fn free_from(p: *mut u8, call: &'static str) {
-    let idx = unit_index(p as usize);
+    // SAFETY: forwarded.
+    unsafe { free_inner(p, call, 0) }
+}
+
+/// Hint bit: `expected` holds a class index, not a size.
+const HINT_CLASS: usize = 1 << 63;
+
+/// The free fast path.  `expected` is what the caller says of the block: 0
+/// (nothing), a size, or `HINT_CLASS | class`; it is checked on the slow path,
+/// which check mode always takes.
+#[inline(always)]
+unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
+    let base = arena::arena_base();
+    let off_arena = (p as usize).wrapping_sub(base);
+    let idx = off_arena >> UNIT_SHIFT;
     if idx < MAX_UNITS {
-        // SAFETY: idx is inside the descriptor table.  When `owner` is this
-        // thread, the slab belongs to this thread's heap and only this thread
-        // touches its free list and counters.
+        // SAFETY: idx is inside the descriptor table, which lies TABLE_OFFSET
+        // below the arena base.  When `owner` is this thread, the slab belongs
+        // to this thread's heap and only this thread touches its free list and
+        // counters.
         unsafe {
-            let d = desc(idx);
+            let d = (base - arena::TABLE_OFFSET + idx * core::mem::size_of::<Desc>()) as *mut Desc;
             if (*d).owner.load(canopy_sync::prim::Ordering::Relaxed) == canopy_sys::thread_id() {
-                let off = (p as usize & (UNIT - 1)) as u64;
+                let off = (off_arena & (UNIT - 1)) as u64;
                 let b = p as *mut Block;
                 // A carved block start (divisibility by the block size, via
                 // the precomputed reciprocal) that is not already free: free
                 // blocks carry free_tag (odd), blocks in flight to their
                 // owner free_tag ^ 1.
-                if off.wrapping_mul((*d).divc) < (*d).divc && (off as u32) < (*d).a && ((*b).tag | 1) != free_tag(p as usize) {
+                let tag = free_tag();
+                if off.wrapping_mul((*d).divc) < (*d).divc && (off as u32) < (*d).a && ((*b).tag | 1) != tag {
                     (*b).next = (*d).free;
-                    (*b).tag = free_tag(p as usize);
+                    (*b).tag = tag;
                     (*d).free = b;
                     (*d).used -= 1;
                     if (*d).flags != 0 || (*d).used == 0 {
@@ -331,7 +366,7 @@ pub unsafe fn free_from(p: *mut u8, call: &'static str) {
         }
     }
     // SAFETY: forwarded.
-    unsafe { free_slow(p, call) }
+    unsafe { free_slow(p, call, expected) }
 }
 
 #[cold]
@@ -347,17 +382,8 @@ unsafe fn free_post(d: *mut Desc) {
 /// # Safety
 /// As for [`free`]; `size` is the size the block was allocated with.
 pub unsafe fn free_sized(p: *mut u8, size: usize) {
-    if options().check && !p.is_null() {
-        // SAFETY: checks only.
-        let usable = unsafe { usable_size_checked(p, "free_sized") };
-        if let Some(u) = usable {
-            if size > u {
-                report::bad_free("free_sized", p, BadFree::WrongSize, u, None);
-            }
-        }
-    }
     // SAFETY: forwarded.
-    unsafe { free_from(p, "free_sized") }
+    unsafe { free_inner(p, "free_sized", size.max(1)) }
 }
 
 /// Free a block of class `cls` (the rich interface).
@@ -366,25 +392,28 @@ pub unsafe fn free_sized(p: *mut u8, size: usize) {
 /// As for [`free`]; the block was allocated with class `cls` or a size in it.
 #[inline(always)]
 pub unsafe fn free_class(p: *mut u8, cls: SizeClass) {
-    if options().check && !p.is_null() {
-        // SAFETY: checks only.
-        let usable = unsafe { usable_size_checked(p, "free_class") };
-        if let Some(u) = usable {
-            if cls.size() > u && cls.is_small() {
-                report::bad_free("free_class", p, BadFree::WrongSize, u, Some(cls.index()));
-            }
-        }
-    }
     // SAFETY: forwarded.
-    unsafe { free_from(p, "free_class") }
+    unsafe { free_inner(p, "free_class", HINT_CLASS | cls.index()) }
 }
 
 /// The general free: validation, remote frees, medium and large chunks.
 #[cold]
 #[inline(never)]
-unsafe fn free_slow(p: *mut u8, call: &'static str) {
+unsafe fn free_slow(p: *mut u8, call: &'static str, expected: usize) {
     if p.is_null() {
         return;
+    }
+    if expected != 0 && options().check {
+        let expected = if expected & HINT_CLASS != 0 { size_class::class_size(expected & !HINT_CLASS) } else { expected };
+        // SAFETY: checks only; reports and refuses a pointer that is no block.
+        match unsafe { usable_size_checked(p, call) } {
+            None => return,
+            Some(u) if expected > u => {
+                report::bad_free(call, p, BadFree::WrongSize, u, None);
+                return;
+            }
+            Some(_) => {}
+        }
     }
     let idx = unit_index(p as usize);
     if arena::arena_base() == 0 || idx >= arena::arena_units() {
@@ -426,7 +455,7 @@ unsafe fn free_small_slow(d: *mut Desc, p: *mut u8, call: &'static str) {
             let b = p as *mut Block;
             let t = (*b).tag;
             // Free locally (tag), or in flight to its owner (tag ^ 1).
-            if t == free_tag(p as usize) || t == free_tag(p as usize) ^ 1 {
+            if t | 1 == free_tag() {
                 report::bad_free(call, p, BadFree::DoubleFree, size, class);
                 return;
             }
@@ -445,7 +474,7 @@ unsafe fn free_small_slow(d: *mut Desc, p: *mut u8, call: &'static str) {
 unsafe fn send_remote(me: *mut Heap, owner: *mut Heap, p: *mut u8) {
     // SAFETY: p is a validated block of `owner`, dead from now on.
     unsafe {
-        (*(p as *mut Block)).tag = free_tag(p as usize) ^ 1;
+        (*(p as *mut Block)).tag = free_tag() ^ 1;
         if me != empty_heap() && !me.is_null() && (*me).tid != 0 && (*me).tid != DEAD_TID {
             (*me).free_remote(owner, p);
         } else {

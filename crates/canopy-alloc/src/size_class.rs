@@ -54,27 +54,27 @@ pub const fn class_index(size: usize) -> usize {
     }
 }
 
-const fn build_small_lut() -> [u8; 65] {
-    let mut t = [0u8; 65];
+const LUT_LEN: usize = SMALL_MAX / 16 + 1;
+
+const fn build_small_lut() -> [u8; LUT_LEN] {
+    let mut t = [0u8; LUT_LEN];
     let mut i = 0;
-    while i < 65 {
+    while i < LUT_LEN {
         t[i] = class_index(i * 16) as u8;
         i += 1;
     }
     t
 }
 
-/// Class of sizes up to 1024, indexed by `(size + 15) / 16`.
-pub(crate) static SMALL_LUT: [u8; 65] = build_small_lut();
+/// Class of sizes up to `SMALL_MAX`, indexed by `(size + 15) / 16`.
+pub(crate) static SMALL_LUT: [u8; LUT_LEN] = build_small_lut();
 
-/// Class index for a size known to be at most `SMALL_MAX`, fast.
+/// Class index for a size known to be at most `SMALL_MAX`: one table load.
 #[inline(always)]
 pub(crate) fn small_class_index(size: usize) -> usize {
-    if size <= 1024 {
-        SMALL_LUT[(size + 15) >> 4] as usize
-    } else {
-        class_index(size)
-    }
+    debug_assert!(size <= SMALL_MAX);
+    // SAFETY: size <= SMALL_MAX, so the index is < LUT_LEN.
+    unsafe { *SMALL_LUT.get_unchecked((size + 15) >> 4) as usize }
 }
 
 impl SizeClass {

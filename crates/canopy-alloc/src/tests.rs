@@ -1,5 +1,15 @@
 //! Unit tests of the allocator (in-process, through the Rust API).
 use super::*;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Tests that compare global counters before and after run alone.
+static GLOBAL_COUNTERS: RwLock<()> = RwLock::new(());
+fn serial() -> RwLockWriteGuard<'static, ()> {
+    GLOBAL_COUNTERS.write().unwrap_or_else(|e| e.into_inner())
+}
+fn shared() -> RwLockReadGuard<'static, ()> {
+    GLOBAL_COUNTERS.read().unwrap_or_else(|e| e.into_inner())
+}
 
 fn fill(p: *mut u8, n: usize, seed: u8) {
     for i in 0..n {
@@ -14,6 +24,7 @@ fn verify(p: *mut u8, n: usize, seed: u8) -> bool {
 
 #[test]
 fn small_blocks_are_distinct_aligned_and_reused() {
+    let _g = shared();
     let mut ps = Vec::new();
     for i in 0..10_000usize {
         let n = 1 + i % 200;
@@ -41,6 +52,7 @@ fn small_blocks_are_distinct_aligned_and_reused() {
 
 #[test]
 fn every_class_round_trips() {
+    let _g = shared();
     for c in 0..NUM_CLASSES {
         let cls = SizeClass::from_index(c).unwrap();
         let p = alloc_class(cls);
@@ -55,6 +67,7 @@ fn every_class_round_trips() {
 
 #[test]
 fn medium_split_and_coalesce() {
+    let _g = shared();
     let sizes = [10_000usize, 20_000, 50_000, 100_000, 200_000, 256 * 1024];
     let mut ps = Vec::new();
     for round in 0..8 {
@@ -94,6 +107,7 @@ fn medium_split_and_coalesce() {
 
 #[test]
 fn large_chunks_are_reused_not_unmapped() {
+    let _g = serial();
     let before = stats::snapshot();
     for i in 0..50 {
         let n = (1 << 20) + i * 4096;
@@ -110,6 +124,7 @@ fn large_chunks_are_reused_not_unmapped() {
 
 #[test]
 fn alignment_requests() {
+    let _g = shared();
     for &align in &[32usize, 64, 128, 256, 4096, 8192, 65536, 1 << 20] {
         for &size in &[1usize, 24, 100, 5000, 70_000, 2 << 20] {
             let p = alloc_aligned(size, align);
@@ -125,6 +140,7 @@ fn alignment_requests() {
 
 #[test]
 fn realloc_keeps_contents() {
+    let _g = shared();
     let mut p = alloc(10);
     fill(p, 10, 1);
     let mut n = 10;
@@ -142,6 +158,7 @@ fn realloc_keeps_contents() {
 
 #[test]
 fn calloc_zeroes_and_checks_overflow() {
+    let _g = shared();
     assert!(calloc(usize::MAX / 2, 3).is_null());
     for &n in &[1usize, 100, 20_000, 1 << 20, 5 << 20] {
         let p = alloc(n);
@@ -155,6 +172,7 @@ fn calloc_zeroes_and_checks_overflow() {
 
 #[test]
 fn descriptor_and_data_in_one_block() {
+    let _g = shared();
     let (d, data) = alloc_with_descriptor(40, 1000, 64).unwrap();
     assert_eq!(data as usize % 64, 0);
     assert!(data as usize >= d as usize + 40);
@@ -167,6 +185,7 @@ fn descriptor_and_data_in_one_block() {
 
 #[test]
 fn cross_thread_frees_come_home() {
+    let _g = serial();
     let ptrs: Vec<usize> = (0..5000).map(|i| {
         let p = alloc(48 + i % 64);
         fill(p, 48, 5);
@@ -201,6 +220,7 @@ fn cross_thread_frees_come_home() {
 
 #[test]
 fn heaps_of_exited_threads_are_adopted() {
+    let _g = serial();
     let before = stats::snapshot();
     for _ in 0..20 {
         std::thread::spawn(|| {
@@ -221,6 +241,7 @@ fn heaps_of_exited_threads_are_adopted() {
 
 #[test]
 fn default_mode_refuses_bad_frees() {
+    let _g = serial();
     if options().check {
         return; // check mode aborts instead; covered by the process tests.
     }
@@ -248,6 +269,7 @@ fn default_mode_refuses_bad_frees() {
 
 #[test]
 fn stats_report_in_use_and_classes() {
+    let _g = serial();
     let p = alloc(1000);
     let s = stats::snapshot();
     assert!(s.in_use_bytes >= 1008);
@@ -267,6 +289,7 @@ fn stats_report_in_use_and_classes() {
 
 #[test]
 fn collect_returns_memory() {
+    let _g = serial();
     let ps: Vec<_> = (0..8).map(|_| alloc(8 << 20)).collect();
     for &p in &ps {
         fill(p, 8 << 20, 1);
@@ -282,6 +305,7 @@ fn collect_returns_memory() {
 
 #[test]
 fn frees_from_threads_without_a_heap() {
+    let _g = shared();
     let ptrs: Vec<usize> = (0..1000).map(|_| alloc(200_000.min(32 + 1)) as usize).collect();
     let m: Vec<usize> = (0..10).map(|_| alloc(20_000) as usize).collect();
     std::thread::spawn(move || {
@@ -327,6 +351,7 @@ impl Rng {
 
 #[test]
 fn random_walk_keeps_every_byte() {
+    let _g = shared();
     let mut rng = Rng(2654435761);
     let mut slots: Vec<Option<(usize, usize, u8)>> = vec![None; 4096];
     for round in 0..40_000 {
@@ -399,20 +424,24 @@ fn exchange_stress(threads: usize, rounds: usize, pick: fn(&mut Rng) -> usize) {
 
 #[test]
 fn exchange_small() {
+    let _g = shared();
     exchange_stress(4, 20_000, |r| (r.next() % 512) as usize);
 }
 
 #[test]
 fn exchange_medium() {
+    let _g = shared();
     exchange_stress(4, 5_000, |r| 9000 + (r.next() % 200_000) as usize);
 }
 
 #[test]
 fn exchange_large() {
+    let _g = shared();
     exchange_stress(4, 400, |r| 300_000 + (r.next() % 1_500_000) as usize);
 }
 
 #[test]
 fn exchange_mixed() {
+    let _g = shared();
     exchange_stress(4, 20_000, |r| r.pick());
 }

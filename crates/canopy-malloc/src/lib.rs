@@ -27,7 +27,8 @@ fn oom<T>(p: *mut T) -> *mut T {
 /// C `malloc`.
 #[no_mangle]
 pub extern "C" fn malloc(size: size_t) -> *mut c_void {
-    oom(canopy_alloc::alloc(size) as *mut c_void)
+    // The allocator sets errno = ENOMEM itself when it returns null.
+    canopy_alloc::alloc(size) as *mut c_void
 }
 
 /// C `free`.
@@ -199,7 +200,7 @@ pub extern "C" fn canopy_class_size(cls: u32) -> size_t {
 #[no_mangle]
 pub extern "C" fn canopy_alloc_class(cls: u32) -> *mut c_void {
     match SizeClass::from_index(cls as usize) {
-        Some(c) => oom(canopy_alloc::alloc_class(c) as *mut c_void),
+        Some(c) => canopy_alloc::alloc_class(c) as *mut c_void,
         None => {
             canopy_sys::set_errno(libc::EINVAL);
             ptr::null_mut()

@@ -1,0 +1,147 @@
+//! Property tests: random sequences of allocation operations against a model.
+//!
+//! The model is a map from live blocks to (size, fill byte).  After every
+//! operation each live block must still hold its bytes, blocks must not
+//! overlap, alignments must hold, and the allocator's own invariants
+//! (`check_invariants`) must pass.  Sizes range from 0 to 6 MiB.
+
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc(usize),
+    Zeroed(usize),
+    Aligned(usize, u32),
+    Realloc(usize, usize),
+    Free(usize),
+    Class(usize),
+}
+
+fn size() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        8 => 0usize..=256,
+        4 => 257usize..=8192,
+        2 => 8193usize..=262_144,
+        1 => 262_145usize..=(6 << 20),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => size().prop_map(Op::Alloc),
+        1 => size().prop_map(Op::Zeroed),
+        1 => (size(), 4u32..=21).prop_map(|(s, a)| Op::Aligned(s, a)),
+        2 => (any::<usize>(), size()).prop_map(|(i, s)| Op::Realloc(i, s)),
+        4 => any::<usize>().prop_map(Op::Free),
+        1 => (0usize..canopy_alloc::NUM_CLASSES).prop_map(Op::Class),
+    ]
+}
+
+struct Live {
+    p: *mut u8,
+    n: usize,
+    byte: u8,
+}
+
+fn fill(l: &Live) {
+    // SAFETY: l.p has l.n bytes.
+    unsafe { std::ptr::write_bytes(l.p, l.byte, l.n) };
+}
+
+fn intact(l: &Live) -> bool {
+    // SAFETY: l.p has l.n bytes.
+    let s = unsafe { std::slice::from_raw_parts(l.p, l.n) };
+    s.iter().all(|&b| b == l.byte)
+}
+
+fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut live: Vec<Live> = Vec::new();
+    let mut next_byte = 1u8;
+    for op in ops {
+        next_byte = next_byte.wrapping_add(1).max(1);
+        match op {
+            Op::Alloc(n) | Op::Zeroed(n) | Op::Aligned(n, _) | Op::Class(n) => {
+                let (p, n, align) = match op {
+                    Op::Alloc(_) => (canopy_alloc::alloc(n), n, 16),
+                    Op::Zeroed(_) => {
+                        let p = canopy_alloc::alloc_zeroed(n);
+                        // SAFETY: p has n bytes.
+                        let z = unsafe { std::slice::from_raw_parts(p, n) };
+                        prop_assert!(z.iter().all(|&b| b == 0), "alloc_zeroed({}) not zeroed", n);
+                        (p, n, 16)
+                    }
+                    Op::Aligned(_, a) => (canopy_alloc::alloc_aligned(n, 1 << a), n, 1usize << a),
+                    Op::Class(c) => {
+                        let cls = canopy_alloc::SizeClass::from_index(c).unwrap();
+                        (canopy_alloc::alloc_class(cls), cls.size(), 16)
+                    }
+                    _ => unreachable!(),
+                };
+                prop_assert!(!p.is_null());
+                prop_assert_eq!(p as usize % align, 0);
+                // SAFETY: p is live.
+                let usable = unsafe { canopy_alloc::usable_size(p) };
+                prop_assert!(usable >= n, "usable size {} < {}", usable, n);
+                for l in &live {
+                    let disjoint = p as usize + n.max(1) <= l.p as usize || l.p as usize + l.n.max(1) <= p as usize;
+                    prop_assert!(disjoint, "new block overlaps a live one");
+                }
+                let l = Live { p, n, byte: next_byte };
+                fill(&l);
+                live.push(l);
+            }
+            Op::Realloc(i, n) => {
+                if live.is_empty() {
+                    continue;
+                }
+                let k = i % live.len();
+                let old = live.swap_remove(k);
+                prop_assert!(intact(&old));
+                // SAFETY: old.p is live.
+                let q = unsafe { canopy_alloc::realloc(old.p, n) };
+                if n == 0 {
+                    prop_assert!(q.is_null());
+                    continue;
+                }
+                prop_assert!(!q.is_null());
+                let kept = Live { p: q, n: old.n.min(n), byte: old.byte };
+                prop_assert!(intact(&kept), "realloc {} -> {} lost data", old.n, n);
+                let l = Live { p: q, n, byte: next_byte };
+                fill(&l);
+                live.push(l);
+            }
+            Op::Free(i) => {
+                if live.is_empty() {
+                    continue;
+                }
+                let l = live.swap_remove(i % live.len());
+                prop_assert!(intact(&l));
+                // SAFETY: l.p is live.
+                unsafe { canopy_alloc::free(l.p) };
+            }
+        }
+        for l in &live {
+            prop_assert!(intact(l), "a live block of {} bytes was overwritten", l.n);
+        }
+    }
+    prop_assert_eq!(canopy_alloc::check_invariants(), Ok(()));
+    for l in live {
+        // SAFETY: l.p is live.
+        unsafe { canopy_alloc::free(l.p) };
+    }
+    prop_assert_eq!(canopy_alloc::check_invariants(), Ok(()));
+    Ok(())
+}
+
+fn cases() -> u32 {
+    std::env::var("CANOPY_PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(64)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_sequences_match_the_model(ops in proptest::collection::vec(op(), 1..200)) {
+        run(ops)?;
+    }
+}
