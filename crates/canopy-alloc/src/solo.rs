@@ -59,7 +59,8 @@ pub(crate) fn init(enabled: bool) {
     }
 }
 
-/// The first thread with a heap claims solo mode.  Called with the lock held.
+/// The thread that starts the allocator claims solo mode (once, during
+/// start-up, before the allocator is published as ready).
 pub(crate) fn claim(tid: usize) {
     if AVAILABLE.load(Ordering::Relaxed) && !ENDED.load(Ordering::Relaxed) {
         let _ = SOLO_TID.compare_exchange(0, tid, Ordering::Relaxed, Ordering::Relaxed);

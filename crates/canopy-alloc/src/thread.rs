@@ -118,6 +118,9 @@ fn init_slow() -> bool {
             crate::arena::init_free_key();
             crate::set_options(opts);
             solo::init(opts.solo_unlocked);
+            // The thread that starts the allocator is the solo thread until
+            // another thread enters the global heap.
+            solo::claim(canopy_sys::thread_id());
             // SAFETY: KEY is written once here, before READY is published;
             // pthread_key_create does not allocate.
             unsafe {
@@ -178,9 +181,6 @@ pub(crate) fn acquire_heap() -> *mut Heap {
             (h, false)
         }
     };
-    if !heap.is_null() {
-        solo::claim(tid);
-    }
     solo::unlock(locked);
     if heap.is_null() {
         return heap;

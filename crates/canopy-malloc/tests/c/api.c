@@ -115,6 +115,9 @@ int main(void) {
     char buf[4096];
     size_t need = stats_json(buf, sizeof buf);
     CHECK(need > 10 && buf[0] == '{' && strstr(buf, "\"allocations\":") != NULL);
+    /* A single-threaded program runs the global heap without its lock. */
+    const char *u = strstr(buf, "\"unlocked_global_entries\":");
+    CHECK(u != NULL && atol(u + strlen("\"unlocked_global_entries\":")) > 0);
     printf("api ok\n");
     return 0;
 }

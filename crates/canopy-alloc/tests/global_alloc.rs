@@ -1,0 +1,99 @@
+//! Canopy as the Rust global allocator for a whole test binary: collections,
+//! threads that hand memory to each other, thread churn, over-aligned types.
+//! Stress sizes scale with `CANOPY_STRESS_SCALE` (default 1).  Not a benchmark.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::mpsc;
+
+#[global_allocator]
+static GLOBAL: canopy_alloc::Canopy = canopy_alloc::Canopy;
+
+fn scale() -> usize {
+    std::env::var("CANOPY_STRESS_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1)
+}
+
+#[test]
+fn collections_work() {
+    let mut m = HashMap::new();
+    let mut b = BTreeMap::new();
+    for i in 0..50_000 * scale() {
+        m.insert(i, format!("value {i}"));
+        b.insert(format!("{i:08}"), vec![i as u8; i % 300]);
+    }
+    for i in (0..50_000 * scale()).step_by(3) {
+        m.remove(&i);
+    }
+    assert_eq!(m.get(&1).map(String::as_str), Some("value 1"));
+    assert_eq!(b.get("00000299").map(Vec::len), Some(299));
+    let big: Vec<u64> = (0..3_000_000).collect();
+    assert_eq!(big.iter().sum::<u64>(), 3_000_000 * 2_999_999 / 2);
+    canopy_alloc::check_invariants().unwrap();
+}
+
+#[test]
+fn producer_consumer_across_threads() {
+    let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(64);
+    let n = 100_000 * scale();
+    let producer = std::thread::spawn(move || {
+        for i in 0..n {
+            tx.send(vec![(i % 251) as u8; 1 + i % 2000]).unwrap();
+        }
+    });
+    let consumer = std::thread::spawn(move || {
+        let mut total = 0usize;
+        for (i, v) in rx.iter().enumerate() {
+            assert_eq!(v.len(), 1 + i % 2000);
+            assert!(v.iter().all(|&x| x == (i % 251) as u8));
+            total += v.len();
+        }
+        total
+    });
+    producer.join().unwrap();
+    let total = consumer.join().unwrap();
+    assert_eq!(total, (0..n).map(|i| 1 + i % 2000).sum::<usize>());
+    let s = canopy_alloc::stats::snapshot();
+    assert!(s.remote_frees > 0, "the consumer frees the producer's memory remotely");
+}
+
+#[test]
+fn thread_churn_reuses_heaps() {
+    for round in 0..(200 * scale()) {
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let v: Vec<String> = (0..100).map(|i| format!("{round}-{t}-{i}")).collect();
+                    v.into_iter().filter(|s| s.ends_with('7')).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for h in handles {
+            let kept = h.join().unwrap();
+            assert_eq!(kept.len(), 10);
+        }
+    }
+    let s = canopy_alloc::stats::snapshot();
+    assert!(s.heaps_adopted > 0);
+    assert!(s.heaps_created < 200, "heaps are adopted, not created per thread ({} created)", s.heaps_created);
+}
+
+#[repr(align(4096))]
+struct Page([u8; 4096]);
+
+#[repr(align(128))]
+#[derive(Clone, Copy)]
+struct Line([u8; 128]);
+
+#[test]
+fn over_aligned_types() {
+    let pages: Vec<Box<Page>> = (0..100).map(|i| Box::new(Page([i as u8; 4096]))).collect();
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(&**p as *const Page as usize % 4096, 0);
+        assert!(p.0.iter().all(|&x| x == i as u8));
+    }
+    let mut lines: Vec<Line> = Vec::new();
+    for i in 0..10_000 {
+        lines.push(Line([i as u8; 128]));
+        assert_eq!(lines.as_ptr() as usize % 128, 0);
+    }
+    assert!(lines.iter().enumerate().all(|(i, l)| l.0[0] == i as u8));
+}

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Loom models of Canopy's lock-free protocols (remote-free MPSC queue, raw lock).
+# LOOM_MAX_PREEMPTIONS bounds the search: 3 for CI, 4 or more for a release check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}"
+RUSTFLAGS="--cfg canopy_loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
+    cargo test --release -p canopy-sync --test loom

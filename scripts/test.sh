@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Canopy's whole test suite.  `.ci/run` runs exactly this.
+#
+#   scripts/test.sh            quick setting (CI): well under 30 minutes on 2 cores
+#   CANOPY_STRESS_SCALE=20 CANOPY_PROPTEST_CASES=2000 LOOM_MAX_PREEMPTIONS=4 scripts/test.sh
+#                              the release setting: longer stress, more cases, deeper models
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh --test
+
+echo "== build: the drop-in malloc (release), used by the LD_PRELOAD tests"
+cargo build --release -p canopy-malloc
+
+echo "== tests: whole workspace (debug build: allocator in check mode)"
+cargo test --workspace
+
+echo "== tests: the allocator in its default (fast) mode"
+CANOPY_CHECK=0 cargo test -p canopy-alloc
+
+echo "== tests: the allocator, release build"
+cargo test --release -p canopy-alloc
+
+echo "== model checking: loom models of the lock-free protocols"
+scripts/loom.sh
