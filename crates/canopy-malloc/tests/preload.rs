@@ -59,7 +59,10 @@ fn compile_now(name: &str) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(format!("{name}.c"));
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("canopy-c-{name}"));
     let st = Command::new("cc")
-        .args(["-O1", "-g", "-pthread", "-Wall", "-o"])
+        .args(["-O1", "-g", "-pthread", "-Wall", "-Wno-alloc-size-larger-than"])
+        .arg("-I")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("include"))
+        .arg("-o")
         .arg(&out)
         .arg(&src)
         .arg("-ldl")

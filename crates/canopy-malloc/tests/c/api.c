@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "canopy.h"
+
 __attribute__((weak)) void free_sized(void *p, size_t size);
 __attribute__((weak)) void free_aligned_sized(void *p, size_t align, size_t size);
 
@@ -96,6 +98,12 @@ int main(void) {
     void *(*with_desc)(size_t, size_t, size_t, void **) = (void *(*)(size_t, size_t, size_t, void **))dlsym(RTLD_DEFAULT, "canopy_alloc_with_descriptor");
     size_t (*stats_json)(char *, size_t) = (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "canopy_stats_json");
     CHECK(size_class && class_size && alloc_class && free_class && with_desc && stats_json);
+    /* The header's inline class computation agrees with the library's. */
+    for (size_t n = 0; n <= CANOPY_CLASS_MAX_SIZE + 1000; n++) {
+        CHECK(canopy_size_class_inline(n) == size_class(n));
+    }
+    CHECK(canopy_size_class_inline(CANOPY_CLASS_MAX_SIZE + 1) == CANOPY_CLASS_NONE);
+    CHECK(size_class(CANOPY_CLASS_COUNT - 1) != CANOPY_CLASS_NONE && class_size(CANOPY_CLASS_COUNT) == 0);
     unsigned c = size_class(100);
     CHECK(class_size(c) >= 100);
     for (int i = 0; i < 1000; i++) {
