@@ -1,0 +1,125 @@
+//! The experiments.  Each one runs its programs on every contender, runs the
+//! contenders interleaved (A B C A B C, not A A B B C C) so that a change in
+//! machine load hits all of them alike, takes medians, and writes
+//! `results/<name>.{json,md,svg}`.
+//!
+//! | experiment | what | paper |
+//! |---|---|---|
+//! | [`sac`] | the with-loop microbenchmark, X = 1000/250/100/25, 1..n threads | 000 Figs. 1, 5, 6 |
+//! | [`sac_callgrind`] | instructions per malloc+free pair in the same kernel | 000 |
+//! | [`workloads`] | Larson, producer/consumer, false sharing, size walk, thread churn | — |
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::anchors::{Contender, Contenders};
+use crate::report::{RunRecord, Size, Written};
+use crate::runner::{self, Invocation};
+
+pub mod sac;
+pub mod sac_callgrind;
+pub mod workloads;
+
+/// Settings every experiment shares.
+#[derive(Debug, Clone)]
+pub struct Common {
+    /// Problem size.
+    pub size: Size,
+    /// Repetitions per configuration (`None`: the size's default).
+    pub runs: Option<usize>,
+    /// Where results go.
+    pub results_dir: PathBuf,
+    /// The allocators to compare.
+    pub contenders: Contenders,
+    /// Kill a benchmark child after this long.
+    pub timeout: Duration,
+}
+
+impl Common {
+    /// Repetitions per configuration.
+    pub fn runs(&self) -> usize {
+        self.runs.unwrap_or_else(|| self.size.default_runs()).max(1)
+    }
+}
+
+/// What a finished experiment leaves for the caller.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// Experiment name.
+    pub name: String,
+    /// The Markdown report (also in `written.markdown`).
+    pub markdown: String,
+    /// Files written.
+    pub written: Written,
+    /// One message per failed run (checksum mismatch, crash, timeout, ...).
+    pub failures: Vec<String>,
+}
+
+/// Run one invocation and turn it into a record (never fails: a child that
+/// cannot be started becomes a failed record).
+pub fn measure(
+    inv: &Invocation,
+    config: &str,
+    variant: &str,
+    contender: &Contender,
+    rep: usize,
+) -> RunRecord {
+    match runner::run(inv) {
+        Ok(out) => RunRecord::from_outcome(config, variant, contender, rep, inv, &out),
+        Err(e) => RunRecord::spawn_failure(config, variant, contender, rep, inv, &e),
+    }
+}
+
+/// The error messages of the failed runs, in run order.
+pub fn failures_of(runs: &[RunRecord]) -> Vec<String> {
+    runs.iter()
+        .filter(|r| !r.ok)
+        .filter_map(|r| r.error.clone())
+        .collect()
+}
+
+/// Markdown lines describing the contenders and skipped ones.
+pub fn contenders_markdown(c: &Contenders) -> String {
+    let mut s = String::from("Contenders: ");
+    let names: Vec<String> = c
+        .list
+        .iter()
+        .map(|x| match &x.version {
+            Some(v) => format!("`{}` ({v})", x.name),
+            None => format!("`{}`", x.name),
+        })
+        .collect();
+    s.push_str(&names.join(", "));
+    s.push_str(".\n");
+    for k in &c.skipped {
+        s.push_str(&format!("\n> Skipped: {k}\n"));
+    }
+    s
+}
+
+/// A Markdown section listing failures (empty when there are none).
+pub fn failures_markdown(failures: &[String]) -> String {
+    if failures.is_empty() {
+        return String::new();
+    }
+    let mut s = format!("\n## Failures ({})\n\n", failures.len());
+    for f in failures {
+        s.push_str("- ");
+        s.push_str(&f.replace('\n', "\n  "));
+        s.push('\n');
+    }
+    s
+}
+
+/// The Markdown header shared by the experiments' reports.
+pub fn machine_markdown(m: &crate::report::Machine) -> String {
+    format!(
+        "Machine: {} CPUs ({}), {}, load {}; {} UTC; commit {}.\n",
+        m.nproc,
+        m.cpu.as_deref().unwrap_or("unknown CPU"),
+        m.kernel,
+        m.loadavg.map_or_else(|| "?".into(), |l| format!("{l:.2}")),
+        m.date,
+        m.git_commit.as_deref().unwrap_or("none")
+    )
+}

@@ -1,0 +1,11 @@
+//! Canopy: a memory-management runtime for parallel programs.
+//!
+//! This facade re-exports Canopy's layers under one name; today that is the
+//! allocator, [`alloc`] (`canopy-alloc`).  The `canopy` command-line tool in
+//! this crate runs the papers' experiments (`canopy tour`, `canopy bench ...`).
+
+#![deny(missing_docs)]
+
+/// The allocator: size classes, thread heaps, the global heap, statistics,
+/// and [`alloc::Canopy`], which implements `GlobalAlloc`.
+pub use canopy_alloc as alloc;

@@ -1,0 +1,619 @@
+//! `canopy`: Canopy's command-line tool.  It runs the papers' experiments
+//! against the anchor allocators (`canopy tour`, `canopy bench ...`), manages
+//! the anchors (`canopy anchors`) and shows the allocator's statistics
+//! (`canopy stats`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use canopy_bench::anchors::{self, Contenders, Discover, ANCHORS};
+use canopy_bench::artifacts::Lookup;
+use canopy_bench::experiments::{sac, sac_callgrind, workloads, Common, Finished};
+use canopy_bench::report::{self, Size};
+use clap::{Args, Parser, Subcommand};
+
+const LONG_ABOUT: &str = "\
+Canopy is a memory-management runtime for parallel programs. This tool runs the experiments of the \
+papers Canopy implements, side by side against anchor allocators, and writes the results as JSON, \
+Markdown tables and SVG charts.
+
+Contenders: glibc's malloc (nothing preloaded), Canopy (LD_PRELOAD=libcanopy_malloc.so, built on \
+demand) and the anchors jemalloc, mimalloc and tcmalloc (Debian packages libjemalloc2, \
+libmimalloc2.0, libtcmalloc-minimal4; installed with apt-get when missing and running as root).
+
+Experiments:
+  sac            The with-loop microbenchmark of Grelck & Scholz, \"Efficient Heap Management for \
+Declarative Data Parallel Programming on Multicores\" (the SAC private heap manager; paper 000, \
+Fig. 1): every element of a vector of N/X elements allocates, fills, sums and frees a temporary \
+vector of X ints, 50 times over, for X = 1000, 250, 100, 25 (same arithmetic, 40x more \
+allocations at X = 25). Reported like the paper's Figs. 5 and 6: time relative to the system \
+allocator (glibc here), speedup over it on one thread, plus time relative to a compute-only bound \
+and the share of time spent in the allocator. Also runs Canopy's rich interface (size class \
+computed once) and the same kernel in Rust.
+  sac-callgrind  The same kernel, single-threaded, under valgrind's callgrind: instructions per \
+malloc+free pair for each allocator, a repeatable number where times on a shared machine are not.
+  workloads      General allocation patterns: a Larson server simulation (remote frees), \
+producer/consumer, cache-scratch and cache-thrash false sharing (as in the Hoard paper), a random \
+size walk from 8 B to 4 MiB (peak RSS) and thread churn. Time and peak RSS relative to the best \
+anchor and to mimalloc, with geometric means.
+
+Experiments of the other papers (the Microgrid delegated reference counting, the Myrmics region \
+allocator, MPL's hierarchical heaps, the GUM virtual shared heap) will join as their layers land.
+
+Sizes: --quick runs in seconds (CI smoke runs, the tour); the default is in between; --paper uses \
+the paper's problem size. Every configuration runs several times with the contenders interleaved, \
+and the median is reported. A missing anchor is skipped with a warning; a crash or a checksum that \
+differs between allocators is an error naming the allocator, the program and its arguments, and is \
+recorded in the results.";
+
+#[derive(Debug, Parser)]
+#[command(name = "canopy", version, about = "Canopy's command-line tool: run the papers' allocator experiments against anchor allocators.", long_about = LONG_ABOUT)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+
+    /// Where results go [default: results/ at the workspace root when run inside the Canopy repository, else ./results]
+    #[arg(long, global = true, value_name = "DIR")]
+    results_dir: Option<PathBuf>,
+
+    /// Never run apt-get to install a missing anchor (just skip it)
+    #[arg(long, global = true)]
+    no_install: bool,
+
+    /// Kill a benchmark program that runs longer than this many seconds
+    #[arg(long, global = true, default_value_t = 900, value_name = "SECONDS")]
+    timeout: u64,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run every experiment at the quick size against the anchors, print the tables, write results/
+    #[command(
+        long_about = "Run every experiment that exists (sac, sac-callgrind, workloads) at the quick size against \
+                            the anchors, print their Markdown tables and write results/. Takes a minute or two; it \
+                            builds libcanopy_malloc.so and the Rust SAC binaries first if they are missing."
+    )]
+    Tour(TourArgs),
+    /// Run one experiment
+    Bench {
+        #[command(subcommand)]
+        experiment: Experiment,
+    },
+    /// Show which anchor allocators are installed (--install installs the missing ones)
+    Anchors {
+        /// Install missing anchors with apt-get (needs root)
+        #[arg(long)]
+        install: bool,
+    },
+    /// Run a small allocation workload on Canopy and print the allocator's statistics
+    Stats(StatsArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum Experiment {
+    /// SAC with-loop microbenchmark, X sweep (paper 000, Grelck & Scholz, Figs. 1, 5, 6)
+    #[command(
+        long_about = "The with-loop microbenchmark of the SAC private heap manager paper (Grelck & Scholz, \
+                            paper 000, Fig. 1): A = N/X elements; each element allocates a temporary of X ints, \
+                            fills and sums it, frees it; 50 iterations at paper size. Rows: each allocator with \
+                            malloc/free, Canopy's rich interface (canopy-rich), the compute-only bound, and the \
+                            Rust kernel (rs-*). Tables: time relative to glibc (Fig. 5), median time, share of \
+                            time in the allocator ((t - t_bound) / t), ns per pair, and speedup over glibc on one \
+                            thread (Fig. 6)."
+    )]
+    Sac(SacArgs),
+    /// Instructions per malloc+free pair in the SAC kernel, counted by callgrind (paper 000)
+    #[command(
+        long_about = "The SAC kernel on one thread under valgrind's callgrind. For each allocator: \
+                            (Ir(malloc mode) - Ir(bound mode)) / pairs, the instructions one malloc+free pair \
+                            costs; also Canopy's rich interface and the Rust kernel. Counts are repeatable, so \
+                            each variant runs once. Needs valgrind (skipped with a message otherwise)."
+    )]
+    SacCallgrind(CallgrindArgs),
+    /// General workloads: Larson, producer/consumer, false sharing, size walk, thread churn
+    #[command(
+        long_about = "General allocation workloads (c/workloads.c): larson (server simulation, tables handed \
+                            between threads so frees are remote), prodcons (one thread allocates, another frees), \
+                            cache-scratch and cache-thrash (allocator-induced false sharing, after the Hoard \
+                            benchmarks), sizewalk (one thread, sizes log-uniform 8 B..4 MiB, realloc, peak RSS), \
+                            churn (thousands of short-lived threads). Time and peak RSS relative to the best \
+                            anchor and to mimalloc, with geometric means."
+    )]
+    Workloads(WorkloadArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+struct SizeArgs {
+    /// Quick size: seconds (CI smoke runs, the tour)
+    #[arg(long, conflicts_with = "paper")]
+    quick: bool,
+    /// The paper's problem size (minutes)
+    #[arg(long)]
+    paper: bool,
+}
+
+impl SizeArgs {
+    fn size(&self) -> Size {
+        if self.quick {
+            Size::Quick
+        } else if self.paper {
+            Size::Paper
+        } else {
+            Size::Default
+        }
+    }
+}
+
+#[derive(Debug, Args, Clone)]
+struct ContenderArgs {
+    /// Allocators to run, comma-separated [default: glibc,canopy,jemalloc,mimalloc,tcmalloc]
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    contenders: Option<Vec<String>>,
+}
+
+#[derive(Debug, Args)]
+struct SacArgs {
+    #[command(flatten)]
+    size: SizeArgs,
+    #[command(flatten)]
+    contenders: ContenderArgs,
+    /// Thread counts, comma-separated [default: 1, 2, 4, ... up to the number of CPUs]
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    threads: Option<Vec<usize>>,
+    /// Runs per configuration; the median is reported [default: 3 quick, 5 otherwise]
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Temporary lengths X, comma-separated
+    #[arg(
+        long = "x",
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "1000,250,100,25"
+    )]
+    xs: Vec<usize>,
+    /// Override N (paper: 10000000)
+    #[arg(long)]
+    n: Option<usize>,
+    /// Override the number of iterations (paper: 50)
+    #[arg(long)]
+    iters: Option<usize>,
+    /// Leave out the Rust kernel (sac_rs, sac_rs_canopy)
+    #[arg(long)]
+    no_rust: bool,
+}
+
+#[derive(Debug, Args)]
+struct CallgrindArgs {
+    #[command(flatten)]
+    size: SizeArgs,
+    #[command(flatten)]
+    contenders: ContenderArgs,
+    /// Temporary lengths X, comma-separated
+    #[arg(
+        long = "x",
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "1000,250,100,25"
+    )]
+    xs: Vec<usize>,
+    /// malloc+free pairs per run [default: 10000 quick, 50000 default, 200000 paper]
+    #[arg(long)]
+    pairs: Option<usize>,
+    /// Parallel valgrind runs (counts do not depend on it) [default: number of CPUs]
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Leave out the Rust kernel
+    #[arg(long)]
+    no_rust: bool,
+}
+
+#[derive(Debug, Args)]
+struct WorkloadArgs {
+    #[command(flatten)]
+    size: SizeArgs,
+    #[command(flatten)]
+    contenders: ContenderArgs,
+    /// Threads for the multi-threaded workloads [default: number of CPUs, at least 2]
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Runs per workload; the median is reported [default: 3 quick, 5 otherwise]
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Workloads to run, comma-separated [default: all]
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    only: Option<Vec<String>>,
+    /// Override the scale factor (work per workload; quick 1, default 8, paper 32)
+    #[arg(long)]
+    scale: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+struct TourArgs {
+    #[command(flatten)]
+    contenders: ContenderArgs,
+    /// Runs per configuration [default: 3]
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Leave out the Rust kernel
+    #[arg(long)]
+    no_rust: bool,
+}
+
+#[derive(Debug, Args)]
+struct StatsArgs {
+    /// Threads allocating
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Allocations per thread
+    #[arg(long, default_value_t = 200_000)]
+    ops: usize,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn results_dir(cli: &Cli) -> PathBuf {
+    cli.results_dir
+        .clone()
+        .unwrap_or_else(report::default_results_dir)
+}
+
+fn common(cli: &Cli, size: Size, runs: Option<usize>, c: &ContenderArgs) -> Result<Common> {
+    let mut d = Discover {
+        install: !cli.no_install,
+        canopy_lookup: Lookup::FindOrBuild,
+        ..Discover::default()
+    };
+    if let Some(list) = &c.contenders {
+        d.wanted = list.clone();
+    }
+    let contenders = Contenders::discover(&d)?;
+    contenders.warn_skipped();
+    anyhow::ensure!(!contenders.list.is_empty(), "no contender is available");
+    Ok(Common {
+        size,
+        runs,
+        results_dir: results_dir(cli),
+        contenders,
+        timeout: Duration::from_secs(cli.timeout.max(1)),
+    })
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match &cli.cmd {
+        Cmd::Tour(a) => tour(&cli, a),
+        Cmd::Bench { experiment } => {
+            let finished = match experiment {
+                Experiment::Sac(a) => {
+                    let c = common(&cli, a.size.size(), a.runs, &a.contenders)?;
+                    let opts = sac::SacOptions {
+                        xs: a.xs.clone(),
+                        threads: a.threads.clone().unwrap_or_else(sac::default_threads),
+                        n: a.n,
+                        iters: a.iters,
+                        rust: !a.no_rust,
+                    };
+                    sac::run(&c, &opts)?
+                }
+                Experiment::SacCallgrind(a) => {
+                    let c = common(&cli, a.size.size(), None, &a.contenders)?;
+                    let mut opts = sac_callgrind::CallgrindOptions {
+                        xs: a.xs.clone(),
+                        pairs: a.pairs,
+                        rust: !a.no_rust,
+                        ..Default::default()
+                    };
+                    if let Some(j) = a.jobs {
+                        opts.jobs = j.max(1);
+                    }
+                    sac_callgrind::run(&c, &opts)?
+                }
+                Experiment::Workloads(a) => {
+                    let c = common(&cli, a.size.size(), a.runs, &a.contenders)?;
+                    let mut opts = workloads::WorkloadOptions {
+                        scale: a.scale,
+                        ..Default::default()
+                    };
+                    if let Some(t) = a.threads {
+                        opts.threads = t.max(1);
+                    }
+                    if let Some(o) = &a.only {
+                        opts.only = o.clone();
+                    }
+                    workloads::run(&c, &opts)?
+                }
+            };
+            print!("{}", finished.markdown);
+            print_written(&finished);
+            Ok(exit_for(&[finished]))
+        }
+        Cmd::Anchors { install } => anchors_cmd(*install),
+        Cmd::Stats(a) => stats_cmd(a),
+    }
+}
+
+fn print_written(f: &Finished) {
+    let mut files = vec![
+        f.written.json.display().to_string(),
+        f.written.markdown.display().to_string(),
+    ];
+    if let Some(s) = &f.written.svg {
+        files.push(s.display().to_string());
+    }
+    eprintln!("\n{}: wrote {}", f.name, files.join(", "));
+}
+
+/// Exit status 1 (after the report was written) when any run failed.
+fn exit_for(done: &[Finished]) -> ExitCode {
+    let failures: Vec<&String> = done.iter().flat_map(|f| &f.failures).collect();
+    if failures.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    eprintln!("\nerror: {} run(s) failed:", failures.len());
+    for f in failures {
+        eprintln!("  - {}", f.replace('\n', "\n    "));
+    }
+    ExitCode::FAILURE
+}
+
+/// One experiment of the tour.
+type Step<'a> = Box<dyn Fn() -> Result<Finished> + 'a>;
+
+fn tour(cli: &Cli, a: &TourArgs) -> Result<ExitCode> {
+    let dir = results_dir(cli);
+    println!("# Canopy tour\n");
+    println!(
+        "Every experiment at the quick size, against the anchor allocators. Results go to {}.\n",
+        dir.display()
+    );
+    let c = common(cli, Size::Quick, a.runs, &a.contenders)?;
+    let mut done = Vec::new();
+    let mut errors = Vec::new();
+    let steps: [(&str, Step); 3] = [
+        (
+            "sac",
+            Box::new(|| {
+                sac::run(
+                    &c,
+                    &sac::SacOptions {
+                        rust: !a.no_rust,
+                        ..Default::default()
+                    },
+                )
+            }),
+        ),
+        (
+            "sac-callgrind",
+            Box::new(|| {
+                sac_callgrind::run(
+                    &c,
+                    &sac_callgrind::CallgrindOptions {
+                        rust: !a.no_rust,
+                        ..Default::default()
+                    },
+                )
+            }),
+        ),
+        (
+            "workloads",
+            Box::new(|| workloads::run(&c, &workloads::WorkloadOptions::default())),
+        ),
+    ];
+    for (name, step) in steps.iter() {
+        eprintln!("== {name}");
+        match step() {
+            Ok(f) => {
+                println!("{}", f.markdown);
+                print_written(&f);
+                done.push(f);
+            }
+            Err(e) => {
+                eprintln!("error: {name}: {e:#}");
+                errors.push(format!("{name}: {e:#}"));
+            }
+        }
+    }
+    let index = dir.join("README.md");
+    println!(
+        "---\n\nThe full report: {} (tables, SVG charts and raw JSON for each experiment).",
+        index.display()
+    );
+    let code = exit_for(&done);
+    if !errors.is_empty() {
+        eprintln!("\nerror: {} experiment(s) could not run:", errors.len());
+        for e in &errors {
+            eprintln!("  - {e}");
+        }
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(code)
+}
+
+fn anchors_cmd(install: bool) -> Result<ExitCode> {
+    if install {
+        let missing: Vec<&str> = ANCHORS
+            .iter()
+            .filter(|a| anchors::find_anchor(a).is_none())
+            .map(|a| a.package)
+            .collect();
+        if missing.is_empty() {
+            println!("All anchors are installed.");
+        } else {
+            anchors::apt_install(&missing).context("installing the anchors")?;
+        }
+    }
+    let mut t = report::Table::new(["contender", "library", "Debian package", "status"]);
+    t.row([
+        "glibc".to_string(),
+        "(none: the C library's malloc)".into(),
+        "libc6".into(),
+        "built in".into(),
+    ]);
+    let canopy = canopy_bench::artifacts::CANOPY_MALLOC.locate(Lookup::FindOnly);
+    t.row([
+        "canopy".to_string(),
+        "libcanopy_malloc.so".into(),
+        "(this workspace)".into(),
+        match &canopy {
+            Ok(p) => p[0].display().to_string(),
+            Err(_) => "not built (experiments build it with cargo)".into(),
+        },
+    ]);
+    let mut missing = 0;
+    for a in ANCHORS {
+        let status = match anchors::find_anchor(a) {
+            Some(p) => format!(
+                "{} ({})",
+                p.display(),
+                anchors::package_version(a.package).unwrap_or_else(|| "version unknown".into())
+            ),
+            None => {
+                missing += 1;
+                "missing".into()
+            }
+        };
+        t.row([a.name.to_string(), a.lib.into(), a.package.into(), status]);
+    }
+    print!("{}", t.render());
+    if missing > 0 {
+        let pkgs: Vec<&str> = ANCHORS
+            .iter()
+            .filter(|a| anchors::find_anchor(a).is_none())
+            .map(|a| a.package)
+            .collect();
+        println!("\n{missing} anchor(s) missing: `canopy anchors --install` (as root) or `apt-get install {}`.", pkgs.join(" "));
+    }
+    match canopy_bench::experiments::sac_callgrind::find_valgrind() {
+        Some(v) => println!("valgrind: {}", v.display()),
+        None => println!("valgrind: missing (needed by sac-callgrind: `apt-get install valgrind`)"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn stats_cmd(a: &StatsArgs) -> Result<ExitCode> {
+    use canopy::alloc as ca;
+    let threads = a.threads.max(1);
+    let ops = a.ops;
+    // A small mixed workload on Canopy's Rust API: sized and class
+    // allocations of 16 B .. 64 KiB, a quarter of them freed by the next
+    // thread (remote frees), the rest by their own thread.
+    let classes: Vec<ca::SizeClass> = [16usize, 48, 100, 256, 1000, 4096]
+        .iter()
+        .filter_map(|&s| ca::SizeClass::of(s))
+        .collect();
+    let handoff: Vec<std::sync::Mutex<Vec<usize>>> = (0..threads)
+        .map(|_| std::sync::Mutex::new(Vec::new()))
+        .collect();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (classes, handoff) = (&classes, &handoff);
+            s.spawn(move || {
+                let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1);
+                let mut rnd = move || {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x
+                };
+                let mut live: Vec<(usize, usize)> = Vec::new();
+                let mut remote = Vec::new();
+                for i in 0..ops {
+                    let r = rnd();
+                    if r % 3 == 0 && !classes.is_empty() {
+                        let cls = classes[(r >> 8) as usize % classes.len()];
+                        let p = ca::alloc_class(cls);
+                        if !p.is_null() {
+                            // SAFETY: p came from alloc_class(cls) and is freed once.
+                            unsafe { ca::free_class(p, cls) };
+                        }
+                    } else {
+                        let size =
+                            16 + (r >> 16) as usize % if i % 64 == 0 { 65_536 } else { 1024 };
+                        let p = ca::alloc(size);
+                        if p.is_null() {
+                            continue;
+                        }
+                        if r % 4 == 1 {
+                            remote.push(p as usize);
+                        } else {
+                            live.push((p as usize, size));
+                        }
+                    }
+                    if live.len() > 256 {
+                        let (p, size) = live.swap_remove((r >> 24) as usize % live.len());
+                        // SAFETY: p came from alloc(size) and is freed once.
+                        unsafe { ca::free_sized(p as *mut u8, size) };
+                    }
+                }
+                for (p, _) in live {
+                    // SAFETY: p came from alloc and is freed once.
+                    unsafe { ca::free(p as *mut u8) };
+                }
+                handoff[(t + 1) % threads]
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(remote);
+            });
+        }
+    });
+    // Free the handed-off blocks from threads that did not allocate them.
+    std::thread::scope(|s| {
+        for h in &handoff {
+            s.spawn(move || {
+                for p in h.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+                    // SAFETY: p came from alloc and is freed once, here.
+                    unsafe { ca::free(p as *mut u8) };
+                }
+            });
+        }
+    });
+    println!("Canopy allocator statistics after {threads} thread(s) x {ops} allocations (16 B .. 64 KiB, a quarter freed remotely):\n");
+    println!("{}", ca::stats::snapshot());
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn sizes_from_flags() {
+        let cli = Cli::try_parse_from([
+            "canopy",
+            "bench",
+            "sac",
+            "--paper",
+            "--threads",
+            "1,2",
+            "--x",
+            "25",
+        ])
+        .unwrap();
+        let Cmd::Bench {
+            experiment: Experiment::Sac(a),
+        } = cli.cmd
+        else {
+            panic!("not sac")
+        };
+        assert_eq!(a.size.size(), Size::Paper);
+        assert_eq!(a.threads, Some(vec![1, 2]));
+        assert_eq!(a.xs, vec![25]);
+        assert!(Cli::try_parse_from(["canopy", "bench", "sac", "--quick", "--paper"]).is_err());
+    }
+}

@@ -1,0 +1,124 @@
+//! The `canopy` tool end to end, on glibc only (no cargo build, no anchors
+//! needed): help text, one tiny `sac` and `workloads` run writing results.
+//! Nothing here looks at elapsed time.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn canopy() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_canopy"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("canopy-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn help_explains_the_experiments_and_the_paper() {
+    let out = canopy().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "sac-callgrind",
+        "workloads",
+        "Grelck & Scholz",
+        "SAC private heap manager",
+        "--quick",
+        "--paper",
+    ] {
+        assert!(text.contains(needle), "--help lacks {needle:?}:\n{text}");
+    }
+    let out = canopy().args(["bench", "sac", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("--threads") && text.contains("--runs") && text.contains("--x"));
+}
+
+#[test]
+fn sac_on_glibc_writes_json_markdown_svg_and_index() {
+    let dir = scratch("sac");
+    let out = canopy()
+        .args(["--no-install", "--results-dir"])
+        .arg(&dir)
+        .args([
+            "bench",
+            "sac",
+            "--quick",
+            "--x",
+            "25",
+            "--threads",
+            "1,2",
+            "--runs",
+            "1",
+        ])
+        .args([
+            "--n",
+            "20000",
+            "--iters",
+            "2",
+            "--contenders",
+            "glibc",
+            "--no-rust",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("| glibc"), "{stdout}");
+    for f in ["sac.json", "sac.md", "sac.svg", "README.md"] {
+        assert!(dir.join(f).is_file(), "{f} missing");
+    }
+    let json = std::fs::read_to_string(dir.join("sac.json")).unwrap();
+    assert!(json.contains("\"experiment\": \"sac\"") && json.contains("\"failures\": []"));
+    let index = std::fs::read_to_string(dir.join("README.md")).unwrap();
+    assert!(index.contains("[table](sac.md)"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn workloads_on_glibc() {
+    let dir = scratch("workloads");
+    let out = canopy()
+        .args(["--no-install", "--results-dir"])
+        .arg(&dir)
+        .args([
+            "bench",
+            "workloads",
+            "--quick",
+            "--only",
+            "larson,cache-thrash",
+            "--runs",
+            "1",
+            "--contenders",
+            "glibc",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "stderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = std::fs::read_to_string(dir.join("workloads.md")).unwrap();
+    assert!(md.contains("larson") && md.contains("geomean"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unknown_contender_is_an_error() {
+    let dir = scratch("bad");
+    let out = canopy()
+        .args(["--no-install", "--results-dir"])
+        .arg(&dir)
+        .args(["bench", "workloads", "--quick", "--contenders", "hoard"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown contender"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
