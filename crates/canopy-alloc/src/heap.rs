@@ -400,7 +400,7 @@ impl Heap {
 
     /// Take a 1 MiB page from the global heap for slabs.
     fn take_page(&mut self) -> bool {
-        let opts = crate::options();
+        reclaim_abandoned();
         let locked = crate::solo::lock();
         // SAFETY: we hold the global lock.
         let got = unsafe {
@@ -415,7 +415,6 @@ impl Heap {
         let Some((idx, _zeroed)) = got else {
             return false;
         };
-        let _ = opts;
         // SAFETY: the page's units are now ours.
         unsafe {
             for i in (idx..idx + PAGE_UNITS).rev() {
@@ -826,4 +825,47 @@ pub(crate) unsafe fn push_direct(owner: *mut Heap, p: *mut u8) {
     DIRECT_REMOTE_FREES.fetch_add(1, Ordering::Relaxed);
     // SAFETY: heaps are never freed; p is ours to link.
     unsafe { (*owner).inbox.push(p as *mut Node) };
+}
+
+/// Heaps on the abandoned list (a hint, read without the lock).
+pub(crate) static ABANDONED: AtomicUsize = AtomicUsize::new(0);
+
+/// Take in what other threads freed to heaps whose threads have exited, so
+/// that memory is reused even when no new thread comes to adopt them.  Called
+/// before taking a new page from the global heap, and by `collect`.
+pub(crate) fn reclaim_abandoned() {
+    if ABANDONED.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let locked = crate::solo::lock();
+    // SAFETY: global lock held; we take the whole list and own its heaps.
+    let list = unsafe {
+        let g = global::state();
+        core::mem::replace(&mut g.abandoned, ptr::null_mut())
+    };
+    crate::solo::unlock(locked);
+    let mut h = list;
+    let mut last = ptr::null_mut();
+    while !h.is_null() {
+        // SAFETY: the heap is off the list, so no other thread adopts or
+        // reclaims it; remote frees only push to its inbox.
+        unsafe {
+            if !(*h).inbox.is_empty_hint() {
+                (*h).abandon();
+            }
+            last = h;
+            h = (*h).next_abandoned;
+        }
+    }
+    if last.is_null() {
+        return;
+    }
+    let locked = crate::solo::lock();
+    // SAFETY: global lock held; splice the list back in front.
+    unsafe {
+        let g = global::state();
+        (*last).next_abandoned = g.abandoned;
+        g.abandoned = list;
+    }
+    crate::solo::unlock(locked);
 }

@@ -642,6 +642,7 @@ pub fn collect() -> usize {
         // SAFETY: our own heap.
         unsafe { (*h).maintenance() };
     }
+    heap::reclaim_abandoned();
     let locked = solo::lock();
     // SAFETY: global lock held.
     let n = unsafe { global::state().decommit_down_to(0) };

@@ -212,6 +212,7 @@ impl Medium {
     }
 
     fn take_page(&mut self, heap: *mut Heap, counters: &mut HeapCounters) -> bool {
+        crate::heap::reclaim_abandoned();
         let locked = crate::solo::lock();
         // SAFETY: global lock held.
         let got = unsafe {

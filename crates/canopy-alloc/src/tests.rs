@@ -445,3 +445,21 @@ fn exchange_mixed() {
     let _g = shared();
     exchange_stress(4, 20_000, |r| r.pick());
 }
+
+#[test]
+fn frees_to_exited_threads_are_taken_back() {
+    let _g = serial();
+    let cls = SizeClass::of(64).unwrap().index();
+    let before = stats::snapshot().classes[cls].blocks_in_use;
+    let ptrs: Vec<usize> = std::thread::spawn(|| (0..20_000).map(|_| alloc(64) as usize).collect()).join().unwrap();
+    let mid = stats::snapshot().classes[cls].blocks_in_use;
+    // Other heaps' figures are as of their last slow path, so compare loosely.
+    assert!(mid >= 20_000, "{before} -> {mid}");
+    for p in ptrs {
+        unsafe { free(p as *mut u8) };
+    }
+    collect();
+    let after = stats::snapshot().classes[cls].blocks_in_use;
+    assert!(after + 19_000 < mid, "blocks freed to an exited thread's heap are taken back ({before} -> {mid} -> {after})");
+    check_invariants().unwrap();
+}

@@ -169,6 +169,7 @@ pub(crate) fn acquire_heap() -> *mut Heap {
             g.abandoned = (*h).next_abandoned;
             (*h).next_abandoned = ptr::null_mut();
             g.stats.heaps_adopted += 1;
+            crate::heap::ABANDONED.fetch_sub(1, Ordering::Relaxed);
             (h, true)
         } else {
             let h = crate::meta::alloc_heap();
@@ -220,6 +221,7 @@ extern "C" fn thread_exit(arg: *mut libc::c_void) {
         (*heap).next_abandoned = g.abandoned;
         g.abandoned = heap;
         g.stats.heaps_abandoned += 1;
+        crate::heap::ABANDONED.fetch_add(1, Ordering::Relaxed);
     }
     solo::unlock(locked);
     LIVE_HEAPS.fetch_sub(1, Ordering::Relaxed);
