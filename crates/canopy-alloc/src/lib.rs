@@ -447,8 +447,9 @@ unsafe fn free_small_slow(d: *mut Desc, p: *mut u8, call: &'static str) {
                 return;
             }
         } else {
-            let off = p as usize - arena::unit_addr(d) as usize;
-            if off % size != 0 || off >= (*d).a as usize {
+            let off = (p as usize - arena::unit_addr(d) as usize) as u64;
+            // Divisibility by the block size through its reciprocal (no division).
+            if off.wrapping_mul((*d).divc) >= (*d).divc || off >= (*d).a as u64 {
                 report::bad_free(call, p, BadFree::NotABlock, size, class);
                 return;
             }
