@@ -63,13 +63,19 @@ pub mod kind {
 
 /// Slab flag: the slab is on its heap's full list.
 pub const FLAG_FULL: u8 = 1;
+/// Slab flag: a double free broke the slab's free list; the slab is retired
+/// (never allocated from or released again; its memory is given up).
+pub const FLAG_POISONED: u8 = 2;
 /// Span flag: the span may hold committed memory.
 pub const SPAN_COMMITTED: u8 = 1;
 /// Span flag: the span is known to read as zero.
 pub const SPAN_ZEROED: u8 = 2;
 
 /// A free small block: its first word links the free list (or the remote
-/// queue); its second word holds [`free_tag`] while it is free.
+/// queue); its second word holds [`free_tag`] while it is on a free list
+/// and `free_tag() ^ 1` while it travels to its owner.  Allocation checks the
+/// tag of the block it pops and clears it: a block freed twice is on the list
+/// twice, and its second copy shows a cleared (or overwritten) tag.
 #[repr(C)]
 pub struct Block {
     /// Next free block.
@@ -216,7 +222,9 @@ pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
 
 /// The tag a free small block carries in its second word: a per-process
 /// random odd number, so user data almost never matches it.  A block on its
-/// way to its owner (a remote free) carries `free_tag() ^ 1`.
+/// way to its owner (a remote free) carries `free_tag() ^ 1`.  The free fast
+/// path writes the tag but never reads the block (a read there would wait for
+/// the program's last narrow stores into it); the check happens on reuse.
 #[inline(always)]
 pub fn free_tag() -> usize {
     FREE_KEY.load(Ordering::Relaxed)

@@ -31,7 +31,7 @@
 //! - Every slab's `heap` is this heap, and `owner` is `tid` while the heap is
 //!   live outside check mode.
 
-use crate::arena::{self, desc, desc_index, free_tag, kind, Block, Desc, FLAG_FULL, PAGE_UNITS, UNIT};
+use crate::arena::{self, desc, desc_index, free_tag, kind, Block, Desc, FLAG_FULL, FLAG_POISONED, PAGE_UNITS, UNIT};
 use crate::global;
 use crate::medium::Medium;
 use crate::size_class::{class_size, NUM_CLASSES, SMALL_CLASSES};
@@ -70,7 +70,7 @@ pub(crate) struct Published {
 }
 
 /// Number of per-heap counters.
-pub(crate) const COUNTERS: usize = 9;
+pub(crate) const COUNTERS: usize = 10;
 
 /// Per-heap event counters (owner-only, published for statistics).
 #[derive(Clone, Copy, Default, Debug)]
@@ -84,6 +84,7 @@ pub(crate) struct HeapCounters {
     pub pages_taken: u64,
     pub pages_returned: u64,
     pub large_allocs: u64,
+    pub poisoned_slabs: u64,
 }
 
 impl HeapCounters {
@@ -98,6 +99,7 @@ impl HeapCounters {
             self.pages_taken,
             self.pages_returned,
             self.large_allocs,
+            self.poisoned_slabs,
         ]
     }
 }
@@ -211,6 +213,7 @@ impl Heap {
                 pages_taken: 0,
                 pages_returned: 0,
                 large_allocs: 0,
+                poisoned_slabs: 0,
             },
             seen_epoch: 0,
             published: Published { blocks: [ZERO; NUM_CLASSES], slabs: [ZERO; SMALL_CLASSES], counters: [ZERO; COUNTERS], pages: ZERO, small_allocs: ZERO },
@@ -281,26 +284,39 @@ impl Heap {
                     self.carve(d);
                 }
                 if !(*d).free.is_null() {
-                    return self.pop_checked(d);
+                    let p = self.pop_checked(d);
+                    if !p.is_null() {
+                        return p;
+                    }
+                    // The slab was poisoned and is no longer current.
+                } else if (*d).used == 0 {
+                    // Lost its bias to a double free.
+                    self.poison(d, ptr::null_mut());
+                } else {
+                    // Exhausted: drop the current bias, move to the full list.
+                    (*d).used -= 1;
+                    (*d).flags |= FLAG_FULL;
+                    Heap::list_push(&mut self.full[c], d);
+                    self.set_current(c, empty_desc());
                 }
-                // Exhausted: drop the current bias, move to the full list.
-                (*d).used -= 1;
-                (*d).flags |= FLAG_FULL;
-                Heap::list_push(&mut self.full[c], d);
-                self.set_current(c, empty_desc());
             }
             // A slab with free blocks?
             while !self.avail[c].is_null() {
                 let s = self.avail[c];
                 Heap::list_remove(&mut self.avail[c], s);
                 (*s).used += 1;
+                self.set_current(c, s);
                 if (*s).free.is_null() {
                     self.carve(s);
                 }
                 if !(*s).free.is_null() {
-                    self.set_current(c, s);
-                    return self.pop_checked(s);
+                    let p = self.pop_checked(s);
+                    if !p.is_null() {
+                        return p;
+                    }
+                    continue;
                 }
+                self.set_current(c, empty_desc());
                 (*s).used -= 1;
                 (*s).flags |= FLAG_FULL;
                 Heap::list_push(&mut self.full[c], s);
@@ -321,11 +337,17 @@ impl Heap {
         self.current[c] = if crate::options().check { empty_desc() } else { d };
     }
 
-    /// Pop from a slab on the slow path (the block is known to be there).
+    /// Pop from the current slab `d` on the slow path.  If the block at the
+    /// head does not carry the free tag, a double free broke the list: the
+    /// slab is poisoned (taken out of use) and null is returned.
     unsafe fn pop_checked(&mut self, d: *mut Desc) -> *mut u8 {
-        // SAFETY: d is a slab of this heap with a non-empty free list.
+        // SAFETY: d is the current slab of this heap with a non-empty free list.
         unsafe {
             let b = (*d).free;
+            if (*b).tag != free_tag() {
+                self.poison(d, b as *mut u8);
+                return ptr::null_mut();
+            }
             (*d).free = (*b).next;
             (*b).tag = 0;
             (*d).used += 1;
@@ -334,6 +356,56 @@ impl Heap {
                 crate::check::mark_allocated(d, b as *mut u8);
             }
             b as *mut u8
+        }
+    }
+
+    /// Retire a slab whose free list a double free has broken: report it,
+    /// take the slab off every list and never use it again (its memory is
+    /// given up rather than risk handing a block out twice).
+    #[cold]
+    unsafe fn poison(&mut self, d: *mut Desc, p: *mut u8) {
+        // SAFETY: d is a slab of this heap (owner thread); if it is current it
+        // is on no list, otherwise the caller has taken it off its list.
+        unsafe {
+            let c = (*d).class as usize;
+            crate::report::bad_free_found("free", p, (*d).b as usize, c);
+            if self.cur[c] == d {
+                self.set_current(c, empty_desc());
+            }
+            (*d).flags = FLAG_POISONED;
+            (*d).free = ptr::null_mut();
+            // Frees into it now take the slow path, which drops them.
+            (*d).owner.store(0, Ordering::Relaxed);
+            self.counters.poisoned_slabs += 1;
+        }
+    }
+
+    /// Whether the free list of an empty slab holds exactly the blocks it
+    /// should: every carved block once, each with the free tag.  A double free
+    /// shows up as a repeated block.
+    unsafe fn free_list_is_sound(&self, d: *mut Desc) -> Result<(), *mut u8> {
+        // SAFETY: d is a slab of this heap; its free blocks are ours to read.
+        unsafe {
+            let size = (*d).b as usize;
+            let base = arena::unit_addr(d) as usize;
+            let carved = (*d).a as usize / size;
+            let mut seen = [0u64; UNIT / 16 / 64];
+            let mut n = 0;
+            let mut b = (*d).free;
+            while !b.is_null() {
+                let off = (b as usize).wrapping_sub(base);
+                let i = off / size;
+                if off % size != 0 || i >= carved || (*b).tag != free_tag() || seen[i / 64] & (1 << (i % 64)) != 0 {
+                    return Err(b as *mut u8);
+                }
+                seen[i / 64] |= 1 << (i % 64);
+                n += 1;
+                b = (*b).next;
+            }
+            if n != carved {
+                return Err(ptr::null_mut());
+            }
+            Ok(())
         }
     }
 
@@ -480,13 +552,16 @@ impl Heap {
     pub(crate) unsafe fn free_small_local(&mut self, d: *mut Desc, p: *mut u8) {
         // SAFETY: d is a slab of this heap and p a live block of it.
         unsafe {
+            if (*d).flags & FLAG_POISONED != 0 {
+                return; // a retired slab: its blocks are given up
+            }
             let b = p as *mut Block;
             (*b).next = (*d).free;
             (*b).tag = free_tag();
             (*d).free = b;
             (*d).used -= 1;
             if (*d).flags != 0 || (*d).used == 0 {
-                self.free_small_post(d);
+                self.free_small_post(d, p);
             }
         }
     }
@@ -495,19 +570,30 @@ impl Heap {
     /// slab goes back to the free units (the current slab never gets here
     /// empty: it carries a bias of one in `used`).
     #[cold]
-    pub(crate) unsafe fn free_small_post(&mut self, d: *mut Desc) {
+    pub(crate) unsafe fn free_small_post(&mut self, d: *mut Desc, p: *mut u8) {
         // SAFETY: d is a slab of this heap (owner thread).
         unsafe {
             let c = (*d).class as usize;
+            if (*d).flags & FLAG_POISONED != 0 {
+                return;
+            }
             if (*d).flags & FLAG_FULL != 0 {
                 (*d).flags &= !FLAG_FULL;
                 Heap::list_remove(&mut self.full[c], d);
                 Heap::list_push(&mut self.avail[c], d);
             }
             if (*d).used == 0 {
-                debug_assert!(self.cur[c] != d, "the current slab is never empty");
+                if self.cur[c] == d {
+                    // The current slab carries a bias of one: reaching zero
+                    // means more frees than allocations, a double free.
+                    self.poison(d, p);
+                    return;
+                }
                 Heap::list_remove(&mut self.avail[c], d);
-                self.release_slab(d);
+                match self.free_list_is_sound(d) {
+                    Ok(()) => self.release_slab(d),
+                    Err(p) => self.poison(d, p),
+                }
             }
         }
     }
@@ -586,10 +672,15 @@ impl Heap {
         // SAFETY: p lies in a unit of this heap.
         unsafe {
             let d = desc(arena::unit_index(p as usize));
+            // A block sent as a remote free still carries the in-flight mark
+            // (tag or chunk state) and lies in a unit of this heap.  If not,
+            // its owner freed it again meanwhile (a double free) and the unit
+            // may even have been reused: drop it rather than list it twice.
+            let mine = (*d).heap.load(Ordering::Relaxed) == self as *mut Heap;
             match (*d).kind {
-                kind::SMALL => self.free_small_local(d, p),
-                kind::MEDIUM => self.medium.free_local(&mut self.counters, p),
-                _ => debug_assert!(false, "inbox block in a unit of kind {}", (*d).kind),
+                kind::SMALL if mine && is_carved_block(d, p) && (*(p as *mut Block)).tag == free_tag() ^ 1 => self.free_small_local(d, p),
+                kind::MEDIUM if mine && crate::medium::Medium::is_in_flight(p) => self.medium.free_local(&mut self.counters, p),
+                _ => crate::report::bad_free_found("free", p, 0, 0),
             }
         }
     }
@@ -653,10 +744,15 @@ impl Heap {
             self.flush_remote();
             for c in 0..SMALL_CLASSES {
                 let d = self.cur[c];
-                self.set_current(c, empty_desc());
                 if d != empty_desc() {
-                    (*d).used -= 1;
-                    Heap::list_push(&mut self.avail[c], d);
+                    if (*d).used == 0 {
+                        // Lost its bias to a double free.
+                        self.poison(d, ptr::null_mut());
+                    } else {
+                        self.set_current(c, empty_desc());
+                        (*d).used -= 1;
+                        Heap::list_push(&mut self.avail[c], d);
+                    }
                 }
                 // Empty slabs go back; the rest lose their owner.
                 let mut s = self.avail[c];
@@ -664,7 +760,10 @@ impl Heap {
                     let next = (*s).next;
                     if (*s).used == 0 {
                         Heap::list_remove(&mut self.avail[c], s);
-                        self.release_slab(s);
+                        match self.free_list_is_sound(s) {
+                            Ok(()) => self.release_slab(s),
+                            Err(p) => self.poison(s, p),
+                        }
                     } else {
                         (*s).owner.store(0, Ordering::Relaxed);
                     }
@@ -868,4 +967,14 @@ pub(crate) fn reclaim_abandoned() {
         g.abandoned = list;
     }
     crate::solo::unlock(locked);
+}
+
+/// Whether `p` is the start of a block already carved from slab `d`.
+///
+/// # Safety
+/// `d` is a SMALL descriptor and `p` lies in its unit.
+pub(crate) unsafe fn is_carved_block(d: *const Desc, p: *mut u8) -> bool {
+    let off = (p as usize - arena::unit_addr(d) as usize) as u64;
+    // SAFETY: d is a valid SMALL descriptor (caller's contract).
+    unsafe { off.wrapping_mul((*d).divc) < (*d).divc && off < (*d).a as u64 }
 }

@@ -82,11 +82,22 @@ fn set_options(o: Options) {
     OPTIONS_SET.store(true, canopy_sync::prim::Ordering::Release);
 }
 
-/// The options in force (the defaults until the allocator has started).
+/// The options in force (read from the environment when the allocator
+/// starts; this starts it if needed).
 #[inline]
 pub fn options() -> &'static Options {
     if OPTIONS_SET.load(canopy_sync::prim::Ordering::Acquire) {
         // SAFETY: see OptCell.
+        unsafe { &*OPTIONS.0.get() }
+    } else {
+        options_at_start()
+    }
+}
+
+#[cold]
+fn options_at_start() -> &'static Options {
+    if thread::ensure_init() {
+        // SAFETY: READY was observed, so the options are written (see OptCell).
         unsafe { &*OPTIONS.0.get() }
     } else {
         &Options::DEFAULT
@@ -126,7 +137,9 @@ fn alloc_small(c: usize) -> *mut u8 {
     unsafe {
         let d = *(*h).current.get_unchecked(c);
         let b = (*d).free;
-        if !b.is_null() {
+        // A block on the free list carries the free tag; one that does not
+        // was freed twice (see arena::Block), and the slow path deals with it.
+        if !b.is_null() && (*b).tag == free_tag() {
             (*d).free = (*b).next;
             (*b).tag = 0;
             (*d).used += 1;
@@ -348,17 +361,15 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
                 let off = (off_arena & (UNIT - 1)) as u64;
                 let b = p as *mut Block;
                 // A carved block start (divisibility by the block size, via
-                // the precomputed reciprocal) that is not already free: free
-                // blocks carry free_tag (odd), blocks in flight to their
-                // owner free_tag ^ 1.
-                let tag = free_tag();
-                if off.wrapping_mul((*d).divc) < (*d).divc && (off as u32) < (*d).a && ((*b).tag | 1) != tag {
+                // the precomputed reciprocal).  A double free is caught when
+                // the block comes up for reuse or its slab empties.
+                if off.wrapping_mul((*d).divc) < (*d).divc && (off as u32) < (*d).a {
                     (*b).next = (*d).free;
-                    (*b).tag = tag;
+                    (*b).tag = free_tag();
                     (*d).free = b;
                     (*d).used -= 1;
                     if (*d).flags != 0 || (*d).used == 0 {
-                        free_post(d);
+                        free_post(d, p);
                     }
                     return;
                 }
@@ -371,9 +382,9 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
 
 #[cold]
 #[inline(never)]
-unsafe fn free_post(d: *mut Desc) {
+unsafe fn free_post(d: *mut Desc, p: *mut u8) {
     // SAFETY: d belongs to this thread's heap (the caller checked `owner`).
-    unsafe { (*tls_heap()).free_small_post(d) }
+    unsafe { (*tls_heap()).free_small_post(d, p) }
 }
 
 /// Free with the block's size known (the C `free_sized`).  In check mode a
@@ -447,9 +458,7 @@ unsafe fn free_small_slow(d: *mut Desc, p: *mut u8, call: &'static str) {
                 return;
             }
         } else {
-            let off = (p as usize - arena::unit_addr(d) as usize) as u64;
-            // Divisibility by the block size through its reciprocal (no division).
-            if off.wrapping_mul((*d).divc) >= (*d).divc || off >= (*d).a as u64 {
+            if !heap::is_carved_block(d, p) {
                 report::bad_free(call, p, BadFree::NotABlock, size, class);
                 return;
             }

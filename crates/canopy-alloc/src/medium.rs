@@ -279,6 +279,19 @@ impl Medium {
         unsafe { (*((p as usize - HDR) as *mut Chunk)).state = IN_FLIGHT };
     }
 
+    /// Whether `p` is the payload of a chunk marked in flight to its owner.
+    pub(crate) fn is_in_flight(p: *mut u8) -> bool {
+        let page = Medium::page_of(p);
+        let base = arena::unit_addr(page) as usize;
+        let a = p as usize;
+        if a % 16 != 0 || a < base + HDR {
+            return false;
+        }
+        let c = (a - HDR) as *mut Chunk;
+        // SAFETY: the header lies inside the page, which is mapped.
+        unsafe { (*c).tag == tag_of(c) && (*c).state == IN_FLIGHT }
+    }
+
     /// Usable size of a live chunk.
     pub(crate) fn usable(p: *mut u8) -> usize {
         // SAFETY: p is a validated live chunk payload.

@@ -134,6 +134,29 @@ pub(crate) fn bad_free(call: &str, p: *const u8, what: BadFree, block_size: usiz
     }
 }
 
+/// Report a double free found when the block came up for reuse (the default
+/// mode's free path does not read the block; see `arena::Block`).
+#[cold]
+pub(crate) fn bad_free_found(call: &str, p: *const u8, block_size: usize, class: usize) {
+    let n = REPORTED.fetch_add(1, Ordering::Relaxed);
+    let opts = crate::options();
+    let mut b = Buf::new();
+    b.str("canopy: ").str(call).str("(").hex(p as usize).str("): double free of a block");
+    if block_size != 0 {
+        b.str(" (block of ").dec(block_size).str(" bytes, class ").dec(class).str(")");
+    }
+    b.str(", found when the block came up for reuse");
+    if opts.check {
+        b.str("; aborting (check mode)\n");
+        canopy_sys::write_stderr(b.as_bytes());
+        canopy_sys::abort();
+    }
+    if opts.verbose || n < QUIET_AFTER {
+        b.str("; its slab is retired so no block is handed out twice\n");
+        canopy_sys::write_stderr(b.as_bytes());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -91,6 +91,8 @@ pub struct Stats {
     pub unlocked_global_entries: u64,
     /// Bad frees seen (refused in the default mode).
     pub bad_frees: u64,
+    /// Slabs retired because a double free broke their free list.
+    pub poisoned_slabs: u64,
     /// Per size class.
     pub classes: [ClassStats; NUM_CLASSES],
 }
@@ -164,6 +166,7 @@ impl Default for Stats {
             heaps_abandoned: 0,
             unlocked_global_entries: 0,
             bad_frees: 0,
+            poisoned_slabs: 0,
             classes: [ClassStats::default(); NUM_CLASSES],
         }
     }
@@ -194,6 +197,7 @@ pub fn snapshot() -> Stats {
         s.remote_batches += k(2);
         s.remote_frees_received += k(3);
         s.coalescings += k(4);
+        s.poisoned_slabs += k(9);
         let _ = h.tid == DEAD_TID;
     });
     let direct = crate::heap::DIRECT_REMOTE_FREES.load(Ordering::Relaxed);
@@ -229,7 +233,7 @@ pub fn snapshot() -> Stats {
 }
 
 impl Stats {
-    fn rows(&self) -> [(&'static str, u64); 24] {
+    fn rows(&self) -> [(&'static str, u64); 25] {
         [
             ("reserved_bytes", self.reserved_bytes),
             ("committed_bytes", self.committed_bytes),
@@ -255,6 +259,7 @@ impl Stats {
             ("heaps_abandoned", self.heaps_abandoned),
             ("unlocked_global_entries", self.unlocked_global_entries),
             ("bad_frees", self.bad_frees),
+            ("poisoned_slabs", self.poisoned_slabs),
         ]
     }
 

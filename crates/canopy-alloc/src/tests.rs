@@ -463,3 +463,51 @@ fn frees_to_exited_threads_are_taken_back() {
     assert!(after + 19_000 < mid, "blocks freed to an exited thread's heap are taken back ({before} -> {mid} -> {after})");
     check_invariants().unwrap();
 }
+
+/// Allocate `n` blocks of `size` and check that none is handed out twice.
+fn assert_distinct(what: &str, size: usize, n: usize) -> Vec<*mut u8> {
+    let v: Vec<*mut u8> = (0..n).map(|_| alloc(size)).collect();
+    let mut sorted: Vec<usize> = v.iter().map(|&p| p as usize).collect();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), n, "{what}: a block was handed out twice");
+    v
+}
+
+#[test]
+fn double_free_patterns_never_hand_a_block_out_twice() {
+    let _g = serial();
+    if options().check {
+        return; // check mode aborts on the first one; see the LD_PRELOAD tests.
+    }
+    let before = report::bad_frees();
+    // 1. free(p); free(q); free(p) in the current slab.
+    let (p, q) = (alloc(48), alloc(48));
+    unsafe {
+        free(p);
+        free(q);
+        free(p);
+    }
+    let v = assert_distinct("free(p) free(q) free(p)", 48, 5000);
+    // 2. a double free that empties a (non-current) slab.
+    let w: Vec<*mut u8> = (0..2000).map(|_| alloc(1000)).collect();
+    let _more = assert_distinct("filler", 1000, 200); // moves the current slab on
+    unsafe {
+        free(w[0]);
+        for &x in &w {
+            free(x);
+        }
+    }
+    let v2 = assert_distinct("double free emptying a slab", 1000, 3000);
+    // 3. a block freed by another thread and then again by its owner.
+    let r = alloc(64) as usize;
+    std::thread::spawn(move || unsafe { free(r as *mut u8) }).join().unwrap();
+    unsafe { free(r as *mut u8) };
+    let v3 = assert_distinct("remote then owner", 64, 5000);
+    assert!(report::bad_frees() - before >= 3, "each double free is reported");
+    check_invariants().unwrap();
+    for x in v.into_iter().chain(v2).chain(v3).chain(_more) {
+        unsafe { free(x) };
+    }
+    check_invariants().unwrap();
+}
