@@ -15,8 +15,8 @@ cargo build --release -p canopy-malloc
 echo "== tests: whole workspace (debug build: allocator in check mode)"
 cargo test --workspace
 
-echo "== tests: the allocator in its default (fast) mode"
-CANOPY_CHECK=0 cargo test -p canopy-alloc
+echo "== tests: the allocator in its default (fast) mode, every invariant checked on every slow path"
+CANOPY_CHECK=0 cargo test -p canopy-alloc --features check-full
 
 echo "== tests: the allocator, release build"
 cargo test --release -p canopy-alloc

@@ -122,6 +122,12 @@ pub struct Desc {
 
 const _: () = assert!(core::mem::size_of::<Desc>() == 64);
 
+impl Default for Desc {
+    fn default() -> Self {
+        Desc::new()
+    }
+}
+
 impl Desc {
     /// An unused descriptor.
     pub const fn new() -> Desc {
@@ -195,7 +201,7 @@ pub fn arena_units() -> usize {
 /// table in the gigabyte below the arena (which is 1 GiB aligned).  Called
 /// once, under the init lock.  Returns false if the OS refuses even 1 GiB.
 pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
-    let mut gb = arena_gb.min((MAX_UNITS * UNIT) >> 30).max(1);
+    let mut gb = arena_gb.clamp(1, (MAX_UNITS * UNIT) >> 30);
     loop {
         match canopy_sys::reserve_aligned(TABLE_OFFSET + (gb << 30), 1 << 30) {
             Ok(start) => {

@@ -556,6 +556,8 @@ impl Heap {
                 return; // a retired slab: its blocks are given up
             }
             let b = p as *mut Block;
+            debug_assert!((*d).used > 0, "free into a slab with no live block");
+            debug_assert!(is_carved_block(d, p), "free of a block that is not carved");
             (*b).next = (*d).free;
             (*b).tag = free_tag();
             (*d).free = b;
@@ -676,7 +678,7 @@ impl Heap {
             // (tag or chunk state) and lies in a unit of this heap.  If not,
             // its owner freed it again meanwhile (a double free) and the unit
             // may even have been reused: drop it rather than list it twice.
-            let mine = (*d).heap.load(Ordering::Relaxed) == self as *mut Heap;
+            let mine = core::ptr::eq((*d).heap.load(Ordering::Relaxed), self);
             match (*d).kind {
                 kind::SMALL if mine && is_carved_block(d, p) && (*(p as *mut Block)).tag == free_tag() ^ 1 => self.free_small_local(d, p),
                 kind::MEDIUM if mine && crate::medium::Medium::is_in_flight(p) => self.medium.free_local(&mut self.counters, p),
@@ -694,6 +696,26 @@ impl Heap {
         let e = STATS_EPOCH.load(Ordering::Relaxed);
         if e != self.seen_epoch {
             self.publish();
+        }
+        #[cfg(feature = "check-full")]
+        self.check_full();
+    }
+
+    /// Under `check-full`: check every invariant, abort with the broken one.
+    #[cfg(feature = "check-full")]
+    fn check_full(&self) {
+        let r = self.check().and_then(|()| {
+            let locked = crate::solo::lock();
+            // SAFETY: global lock held.
+            let r = unsafe { global::state().check() };
+            crate::solo::unlock(locked);
+            r
+        });
+        if let Err(e) = r {
+            let mut b = crate::report::Buf::new();
+            b.str("canopy: invariant broken: ").str(e).str("\n");
+            canopy_sys::write_stderr(b.as_bytes());
+            canopy_sys::abort();
         }
     }
 
@@ -851,7 +873,7 @@ impl Heap {
                         if ((*s).flags & FLAG_FULL != 0) != full {
                             return Err("slab's FULL flag disagrees with its list");
                         }
-                        if (*s).heap.load(Ordering::Relaxed) != self as *const Heap as *mut Heap {
+                        if !core::ptr::eq((*s).heap.load(Ordering::Relaxed), self) {
                             return Err("slab belongs to another heap");
                         }
                         if !check_mode && self.tid != 0 && (*s).owner.load(Ordering::Relaxed) != self.tid {

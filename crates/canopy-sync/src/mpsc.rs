@@ -141,7 +141,7 @@ impl MpscQueue {
     /// Whether the queue looks empty (racy; a hint for the consumer).
     #[inline]
     pub fn is_empty_hint(&self) -> bool {
-        self.tail.load(Ordering::Relaxed) == &self.stub as *const Node as *mut Node
+        core::ptr::eq(self.tail.load(Ordering::Relaxed), &self.stub)
     }
 
     /// Take the oldest node, or null if the queue is empty or a producer is
