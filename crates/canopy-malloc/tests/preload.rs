@@ -157,6 +157,24 @@ fn bad_frees_abort_in_check_mode() {
 }
 
 #[test]
+fn exhaustion_is_null_and_enomem() {
+    let exe = compile("oom");
+    for check in [false, true] {
+        let out = run(Command::new(&exe).env("CANOPY_ARENA_GB", "1"), check);
+        expect_ok(&out, "oom ok", &format!("oom (check={check})"));
+    }
+}
+
+#[test]
+fn verbose_mode_prints_statistics_at_exit() {
+    let exe = compile("api");
+    let out = run(Command::new(&exe).env("CANOPY_VERBOSE", "1"), false);
+    expect_ok(&out, "api ok", "api (verbose)");
+    let err = text(&out.stderr);
+    assert!(err.contains("canopy statistics") && err.contains("allocations"), "stderr: {err}");
+}
+
+#[test]
 fn python_allocation_heavy_script() {
     if Command::new("python3").arg("--version").output().is_err() {
         eprintln!("python3 not found: skipping");
