@@ -217,6 +217,38 @@ impl GlobalState {
         Some((at, true))
     }
 
+    /// Grow the large chunk at `idx` from `old` to `new` units in place, from
+    /// a free span right after it or from the untouched top of the arena.
+    pub(crate) unsafe fn grow_in_place(&mut self, idx: usize, old: usize, new: usize) -> bool {
+        let end = idx + old;
+        let need = new - old;
+        if end == self.top {
+            if idx + new > arena::arena_units() {
+                return false;
+            }
+            self.top = idx + new;
+            // SAFETY: the units were never handed out; now they are the chunk's.
+            unsafe { arena::mark_units(end, need, kind::LARGE_BODY) };
+            return true;
+        }
+        // SAFETY: `end` is an arena unit below top; its kind says whether it
+        // heads a free span owned by us.
+        unsafe {
+            let right = desc(end);
+            if (*right).kind != kind::FREE_SPAN || ((*right).a as usize) < need {
+                return false;
+            }
+            let avail = (*right).a as usize;
+            let flags = (*right).flags;
+            self.unlink_free(right);
+            if avail > need {
+                self.insert_free(end + need, avail - need, flags);
+            }
+            arena::mark_units(end, need, kind::LARGE_BODY);
+        }
+        true
+    }
+
     /// Give back `n` units from `idx`, coalescing with free neighbours, then
     /// apply the decommit policy.
     pub(crate) unsafe fn free_span(&mut self, idx: usize, n: usize, committed: bool, retain_bytes: usize) {

@@ -623,6 +623,12 @@ pub unsafe fn realloc(p: *mut u8, new_size: usize) -> *mut u8 {
     if new_size <= usable && new_size >= usable / 2 {
         return p;
     }
+    if usable > MEDIUM_MAX && new_size > MEDIUM_MAX {
+        // SAFETY: p is a live large chunk (usable_size_checked said so).
+        if unsafe { resize_large_in_place(p, new_size) } {
+            return p;
+        }
+    }
     if new_size <= usable && usable <= SMALL_MAX {
         // Shrinking a small block: a smaller class only if it saves a lot.
         if small_class_index(new_size) + 4 > small_class_index(usable) {
@@ -639,6 +645,45 @@ pub unsafe fn realloc(p: *mut u8, new_size: usize) -> *mut u8 {
         free_from(p, "realloc");
     }
     q
+}
+
+/// Grow a large chunk into the free span after it, or shrink it by giving
+/// its tail back.  Returns false if it cannot be done in place.
+///
+/// # Safety
+/// `p` is a live large chunk.
+unsafe fn resize_large_in_place(p: *mut u8, new_size: usize) -> bool {
+    let Some(new_units) = new_size.checked_add(UNIT - 1).map(|s| s >> UNIT_SHIFT) else {
+        return false;
+    };
+    let idx = unit_index(p as usize);
+    let retain = options().retain_bytes;
+    let locked = solo::lock();
+    // SAFETY: global lock held; d heads the live chunk p.
+    let done = unsafe {
+        let d = desc(idx);
+        let old_units = (*d).a as usize;
+        let g = global::state();
+        if (*d).kind != kind::LARGE {
+            false
+        } else if new_units > old_units {
+            let ok = g.grow_in_place(idx, old_units, new_units);
+            if ok {
+                (*d).a = new_units as u32;
+                g.stats.large_bytes += ((new_units - old_units) * UNIT) as u64;
+            }
+            ok
+        } else if new_units < old_units {
+            (*d).a = new_units as u32;
+            g.stats.large_bytes -= ((old_units - new_units) * UNIT) as u64;
+            g.free_span(idx + new_units, old_units - new_units, true, retain);
+            true
+        } else {
+            true
+        }
+    };
+    solo::unlock(locked);
+    done
 }
 
 /// Give every free span of the global heap back to the OS now, and send this

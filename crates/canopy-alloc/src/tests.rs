@@ -511,3 +511,32 @@ fn double_free_patterns_never_hand_a_block_out_twice() {
     }
     check_invariants().unwrap();
 }
+
+#[test]
+fn large_realloc_grows_and_shrinks_in_place() {
+    let _g = serial();
+    let mut p = alloc(1 << 20);
+    fill(p, 1 << 20, 4);
+    let mut in_place = 0;
+    let mut n = 1usize << 20;
+    for _ in 0..6 {
+        let m = n * 2;
+        let q = unsafe { realloc(p, m) };
+        assert!(!q.is_null());
+        assert!(verify(q, n, 4));
+        if q == p {
+            in_place += 1;
+        }
+        fill(q, m, 4);
+        p = q;
+        n = m;
+    }
+    assert!(in_place > 0, "growth into free or fresh space happens in place");
+    let q = unsafe { realloc(p, 300_000) };
+    assert_eq!(q, p, "shrinking a large chunk keeps it in place");
+    assert!(verify(q, 300_000, 4));
+    assert!(unsafe { usable_size(q) } < n);
+    check_invariants().unwrap();
+    unsafe { free(q) };
+    check_invariants().unwrap();
+}
