@@ -381,3 +381,22 @@ fn merge_flags(a: u8, b: u8) -> u8 {
     // Committed if either part may be; zeroed only if both are.
     ((a | b) & SPAN_COMMITTED) | (a & b & SPAN_ZEROED)
 }
+
+/// Take a 1 MiB page (aligned) from the global heap for a thread heap, after
+/// taking in what other threads freed to heaps of exited threads.  Returns the
+/// index of its first unit.
+pub(crate) fn take_page() -> Option<usize> {
+    crate::heap::reclaim_abandoned();
+    let locked = crate::solo::lock();
+    // SAFETY: we hold the global lock.
+    let got = unsafe {
+        let g = state();
+        let r = g.alloc_span(arena::PAGE_UNITS, arena::PAGE_UNITS);
+        if r.is_some() {
+            g.stats.pages_out += 1;
+        }
+        r
+    };
+    crate::solo::unlock(locked);
+    got.map(|(idx, _zeroed)| idx)
+}

@@ -472,19 +472,7 @@ impl Heap {
 
     /// Take a 1 MiB page from the global heap for slabs.
     fn take_page(&mut self) -> bool {
-        reclaim_abandoned();
-        let locked = crate::solo::lock();
-        // SAFETY: we hold the global lock.
-        let got = unsafe {
-            let g = global::state();
-            let r = g.alloc_span(PAGE_UNITS, PAGE_UNITS);
-            if r.is_some() {
-                g.stats.pages_out += 1;
-            }
-            r
-        };
-        crate::solo::unlock(locked);
-        let Some((idx, _zeroed)) = got else {
+        let Some(idx) = global::take_page() else {
             return false;
         };
         // SAFETY: the page's units are now ours.

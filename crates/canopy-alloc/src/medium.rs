@@ -212,19 +212,7 @@ impl Medium {
     }
 
     fn take_page(&mut self, heap: *mut Heap, counters: &mut HeapCounters) -> bool {
-        crate::heap::reclaim_abandoned();
-        let locked = crate::solo::lock();
-        // SAFETY: global lock held.
-        let got = unsafe {
-            let g = global::state();
-            let r = g.alloc_span(PAGE_UNITS, PAGE_UNITS);
-            if r.is_some() {
-                g.stats.pages_out += 1;
-            }
-            r
-        };
-        crate::solo::unlock(locked);
-        let Some((idx, _)) = got else { return false };
+        let Some(idx) = global::take_page() else { return false };
         // SAFETY: the page's units are ours now.
         unsafe {
             arena::mark_units(idx, PAGE_UNITS, kind::MEDIUM);

@@ -52,44 +52,30 @@ impl Buf {
         self
     }
     pub(crate) fn hex(&mut self, v: usize) -> &mut Self {
-        self.str("0x");
-        let mut digits = [0u8; 16];
-        let mut n = v;
-        let mut i = 0;
-        loop {
-            let d = (n & 15) as u8;
-            digits[i] = if d < 10 { b'0' + d } else { b'a' + d - 10 };
-            i += 1;
-            n >>= 4;
-            if n == 0 {
-                break;
-            }
-        }
-        while i > 0 {
-            i -= 1;
-            let c = [digits[i]];
-            // SAFETY: ASCII hex digit.
-            self.str(unsafe { core::str::from_utf8_unchecked(&c) });
-        }
-        self
+        self.str("0x").digits(v, 16)
     }
     pub(crate) fn dec(&mut self, v: usize) -> &mut Self {
+        self.digits(v, 10)
+    }
+    fn digits(&mut self, v: usize, radix: usize) -> &mut Self {
         let mut digits = [0u8; 20];
         let mut n = v;
         let mut i = 0;
         loop {
-            digits[i] = b'0' + (n % 10) as u8;
+            let d = (n % radix) as u8;
+            digits[i] = if d < 10 { b'0' + d } else { b'a' + d - 10 };
             i += 1;
-            n /= 10;
+            n /= radix;
             if n == 0 {
                 break;
             }
         }
         while i > 0 {
             i -= 1;
-            let c = [digits[i]];
-            // SAFETY: ASCII digit.
-            self.str(unsafe { core::str::from_utf8_unchecked(&c) });
+            if self.len < self.bytes.len() {
+                self.bytes[self.len] = digits[i];
+                self.len += 1;
+            }
         }
         self
     }
@@ -113,7 +99,6 @@ pub fn bad_frees() -> usize {
 #[cold]
 pub(crate) fn bad_free(call: &str, p: *const u8, what: BadFree, block_size: usize, class: Option<usize>) {
     let n = REPORTED.fetch_add(1, Ordering::Relaxed);
-    let opts = crate::options();
     let mut b = Buf::new();
     b.str("canopy: ").str(call).str("(").hex(p as usize).str("): ").str(what.text());
     if block_size != 0 {
@@ -123,13 +108,20 @@ pub(crate) fn bad_free(call: &str, p: *const u8, what: BadFree, block_size: usiz
         }
         b.str(")");
     }
+    finish(&mut b, n, "; the free was refused\n");
+}
+
+/// End a report: abort in check mode; otherwise print it (the first few, or
+/// all when verbose) with `outcome` appended.
+fn finish(b: &mut Buf, n: usize, outcome: &str) {
+    let opts = crate::options();
     if opts.check {
         b.str("; aborting (check mode)\n");
         canopy_sys::write_stderr(b.as_bytes());
         canopy_sys::abort();
     }
     if opts.verbose || n < QUIET_AFTER {
-        b.str("; the free was refused\n");
+        b.str(outcome);
         canopy_sys::write_stderr(b.as_bytes());
     }
 }
@@ -139,22 +131,13 @@ pub(crate) fn bad_free(call: &str, p: *const u8, what: BadFree, block_size: usiz
 #[cold]
 pub(crate) fn bad_free_found(call: &str, p: *const u8, block_size: usize, class: usize) {
     let n = REPORTED.fetch_add(1, Ordering::Relaxed);
-    let opts = crate::options();
     let mut b = Buf::new();
     b.str("canopy: ").str(call).str("(").hex(p as usize).str("): double free of a block");
     if block_size != 0 {
         b.str(" (block of ").dec(block_size).str(" bytes, class ").dec(class).str(")");
     }
     b.str(", found when the block came up for reuse");
-    if opts.check {
-        b.str("; aborting (check mode)\n");
-        canopy_sys::write_stderr(b.as_bytes());
-        canopy_sys::abort();
-    }
-    if opts.verbose || n < QUIET_AFTER {
-        b.str("; its slab is retired so no block is handed out twice\n");
-        canopy_sys::write_stderr(b.as_bytes());
-    }
+    finish(&mut b, n, "; its slab is retired so no block is handed out twice\n");
 }
 
 #[cfg(test)]
