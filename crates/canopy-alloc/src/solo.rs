@@ -1,10 +1,12 @@
 //! The global lock, and running without it while one thread is alone.
 //!
 //! SAC's runtime alternates single-threaded and multithreaded supersteps and
-//! lets the global heap skip synchronisation in the former.  Canopy applies
-//! this to the start of a program: the first thread that gets a heap becomes
-//! the *solo* thread and enters the global heap without the lock, until any
-//! other thread wants the global heap.  That thread *ends solo mode* for good.
+//! lets the global heap skip synchronisation in the former.  Canopy does the
+//! same without help from a compiler: the thread that starts the allocator is
+//! the *solo* thread and enters the global heap without the lock until another
+//! thread wants the global heap, which *ends the solo period*.  When threads
+//! exit and a thread holding the lock finds itself the only one with a heap,
+//! it begins a new solo period.
 //!
 //! The hand-off is a Dekker-style pairing.  The solo thread marks itself busy
 //! with a plain store, then re-reads whether it is still solo; that needs a
@@ -18,13 +20,16 @@
 //! mode and the lock is always taken.
 //!
 //! ```text
-//!  solo thread                       ending thread
-//!  BUSY = 1                          SOLO_TID = 0
-//!  compiler fence                    membarrier()          (full fence everywhere)
-//!  if SOLO_TID == me:                ENDED = 1 (release)
-//!      ... unlocked ...              lock(); while BUSY { spin }
-//!      BUSY = 0 (release)
-//!  else: BUSY = 0; lock(); ...       every later locker: lock(); while BUSY { spin }
+//!  solo thread                       any other thread
+//!  BUSY = 1                          lock()
+//!  compiler fence                    if solo period on:
+//!  if SOLO_TID == me:                    SOLO_TID = 0
+//!      ... unlocked ...                  membarrier()      (full fence everywhere)
+//!      BUSY = 0 (release)                ENDED = 1
+//!  else: BUSY = 0; lock(); ...       while BUSY { spin }
+//!
+//!  A solo period only begins under the lock (at start-up, or in `unlock`),
+//!  so a thread holding the lock sees whether one is on.
 //! ```
 
 use crate::global::GLOBAL;
@@ -41,6 +46,8 @@ static BUSY: AtomicBool = AtomicBool::new(false);
 static AVAILABLE: AtomicBool = AtomicBool::new(false);
 /// Times the global heap was entered without the lock (statistics).
 pub(crate) static UNLOCKED_ENTRIES: AtomicUsize = AtomicUsize::new(0);
+/// Solo periods begun after the first (statistics).
+pub(crate) static SOLO_PERIODS: AtomicUsize = AtomicUsize::new(0);
 
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
@@ -87,19 +94,34 @@ pub(crate) fn lock() -> bool {
                 return false;
             }
             BUSY.store(false, Ordering::Release);
-        } else {
-            end_solo();
         }
     }
     GLOBAL.lock.lock();
+    // Under the lock nobody can start a solo period; end the current one, if
+    // any, so that the solo thread's unlocked section (if it is in one) is
+    // visible through BUSY.
+    if SOLO_TID.load(Ordering::Relaxed) != 0 || !ENDED.load(Ordering::Acquire) {
+        end_solo();
+    }
     wait_not_busy();
     true
 }
 
-/// Leave the global heap.
+/// Leave the global heap.  A thread that held the lock and finds itself the
+/// only thread with a heap starts a new solo period (SAC's single-threaded
+/// superstep after the parallel one).
 #[inline]
 pub(crate) fn unlock(locked: bool) {
     if locked {
+        if AVAILABLE.load(Ordering::Relaxed)
+            && crate::thread::LIVE_HEAPS.load(Ordering::Relaxed) == 1
+            && crate::thread::has_live_heap()
+        {
+            SOLO_TID.store(canopy_sys::thread_id(), Ordering::Relaxed);
+            ENDED.store(false, Ordering::Relaxed);
+            SOLO_PERIODS.fetch_add(1, Ordering::Relaxed);
+        }
+        // Release: whoever takes the lock next sees the solo state above.
         GLOBAL.lock.unlock();
     } else {
         // Release: whoever waits for BUSY to clear sees our writes.
@@ -122,12 +144,11 @@ fn wait_not_busy() {
     }
 }
 
-/// Take the real lock whatever the mode (fork handlers); ends solo mode
-/// unless the caller is the solo thread.
+/// Take the real lock whatever the mode (fork handlers); ends solo mode.
 pub(crate) fn lock_for_fork() {
-    if !ENDED.load(Ordering::Acquire) && SOLO_TID.load(Ordering::Relaxed) != canopy_sys::thread_id() {
+    GLOBAL.lock.lock();
+    if SOLO_TID.load(Ordering::Relaxed) != 0 || !ENDED.load(Ordering::Acquire) {
         end_solo();
     }
-    GLOBAL.lock.lock();
     wait_not_busy();
 }

@@ -89,6 +89,8 @@ pub struct Stats {
     pub heaps_abandoned: u64,
     /// Global-heap entries made without the lock (solo mode).
     pub unlocked_global_entries: u64,
+    /// Solo periods begun after the first (a thread left alone again).
+    pub solo_periods: u64,
     /// Bad frees seen (refused in the default mode).
     pub bad_frees: u64,
     /// Slabs retired because a double free broke their free list.
@@ -165,6 +167,7 @@ impl Default for Stats {
             heaps_adopted: 0,
             heaps_abandoned: 0,
             unlocked_global_entries: 0,
+            solo_periods: 0,
             bad_frees: 0,
             poisoned_slabs: 0,
             classes: [ClassStats::default(); NUM_CLASSES],
@@ -227,13 +230,14 @@ pub fn snapshot() -> Stats {
     s.heaps_abandoned = g.heaps_abandoned;
     s.heaps_live = crate::thread::LIVE_HEAPS.load(Ordering::Relaxed) as u64;
     s.unlocked_global_entries = crate::solo::UNLOCKED_ENTRIES.load(Ordering::Relaxed) as u64;
+    s.solo_periods = crate::solo::SOLO_PERIODS.load(Ordering::Relaxed) as u64;
     s.bad_frees = crate::report::bad_frees() as u64;
     s.in_use_bytes = s.classes.iter().map(|c| c.bytes_in_use).sum::<u64>() + s.large_bytes;
     s
 }
 
 impl Stats {
-    fn rows(&self) -> [(&'static str, u64); 25] {
+    fn rows(&self) -> [(&'static str, u64); 26] {
         [
             ("reserved_bytes", self.reserved_bytes),
             ("committed_bytes", self.committed_bytes),
@@ -258,6 +262,7 @@ impl Stats {
             ("heaps_adopted", self.heaps_adopted),
             ("heaps_abandoned", self.heaps_abandoned),
             ("unlocked_global_entries", self.unlocked_global_entries),
+            ("solo_periods", self.solo_periods),
             ("bad_frees", self.bad_frees),
             ("poisoned_slabs", self.poisoned_slabs),
         ]

@@ -152,6 +152,11 @@ extern "C" fn print_stats_at_exit() {
     crate::stats::write_table(&s, &mut |b| canopy_sys::write_stderr(b));
 }
 
+/// Whether the calling thread has a heap of its own.
+pub(crate) fn has_live_heap() -> bool {
+    tls_heap() != empty_heap()
+}
+
 /// Give the calling thread a heap (slow path of its first allocation).
 /// Returns null if the allocator cannot start or is out of metadata.
 #[cold]

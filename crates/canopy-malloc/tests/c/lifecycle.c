@@ -2,6 +2,8 @@
  * thread-local destructors, thousands of short-lived threads (some blocks
  * freed by the parent), and fork() while other threads allocate.
  * Usage: lifecycle [threads-to-churn].  Prints "lifecycle ok". */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +81,25 @@ int main(int argc, char **argv) {
     }
     stop = 1;
     for (int i = 0; i < 2; i++) pthread_join(b[i], NULL);
+
+    /* Alone again: the global heap goes back to running without its lock. */
+    size_t (*stats_json)(char *, size_t) = (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "canopy_stats_json");
+    if (!stats_json) { fprintf(stderr, "canopy_stats_json not found\n"); return 1; }
+    for (int i = 0; i < 4; i++) { void *big = malloc(8 << 20); free(big); }
+    char buf[4096];
+    stats_json(buf, sizeof buf);
+    const char *u = strstr(buf, "\"unlocked_global_entries\":");
+    const char *s = strstr(buf, "\"solo_periods\":");
+    long unlocked0 = u ? atol(u + strlen("\"unlocked_global_entries\":")) : -1;
+    long periods = s ? atol(s + strlen("\"solo_periods\":")) : -1;
+    for (int i = 0; i < 4; i++) { void *big = malloc(8 << 20); free(big); }
+    stats_json(buf, sizeof buf);
+    u = strstr(buf, "\"unlocked_global_entries\":");
+    long unlocked1 = u ? atol(u + strlen("\"unlocked_global_entries\":")) : -1;
+    if (periods < 1 || unlocked1 <= unlocked0) {
+        fprintf(stderr, "no new solo period after the threads ended: periods=%ld unlocked %ld -> %ld\n", periods, unlocked0, unlocked1);
+        return 1;
+    }
     printf("lifecycle ok\n");
     return 0;
 }
