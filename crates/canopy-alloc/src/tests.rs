@@ -1,4 +1,9 @@
 //! Unit tests of the allocator (in-process, through the Rust API).
+//!
+//! SAFETY (every unsafe block here): pointers passed to `free`, `realloc`,
+//! `usable_size` and read through `fill`/`verify` come from this allocator and
+//! are live, except where a test frees a bad pointer on purpose to check that
+//! the allocator refuses it (those tests run only in the default mode).
 use super::*;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 

@@ -90,6 +90,8 @@ impl Default for RawLock {
     }
 }
 
+// SAFETY (the unsafe blocks below): `value` is read or written only while
+// `lock` is held, or after every thread has been joined.
 #[cfg(all(test, not(canopy_loom)))]
 mod tests {
     use super::*;

@@ -195,6 +195,9 @@ impl Default for MpscQueue {
     }
 }
 
+// SAFETY (every unsafe block in these tests): each queue is initialised in
+// its final place (boxed or in an Arc) before use, every node comes from
+// `item` and is pushed exactly once, and only the test's main thread pops.
 #[cfg(all(test, not(canopy_loom)))]
 mod tests {
     use super::*;
