@@ -41,7 +41,7 @@
 //! Module map: [`size_class`] (the rows of the matrix), [`arena`] (address
 //! space, descriptors), `global` (the global heap), `heap` (thread heaps and
 //! slabs), `medium` (local-heap chunks), `thread` (TLS, exit, fork), `solo`
-//! (the lock and solo mode), `check` (check mode), [`stats`], [`options`].
+//! (the lock and solo mode), `check` (check mode), [`stats`], [`options`](mod@options).
 #![deny(missing_docs)]
 
 pub mod arena;
