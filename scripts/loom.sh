@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Loom models of Canopy's lock-free protocols (remote-free MPSC queue, raw lock).
+# Loom models of Canopy's lock-free protocols (remote-free MPSC queue, raw lock,
+# the solo lock's hand-off with membarrier modelled as fences).
 # LOOM_MAX_PREEMPTIONS bounds the search: 3 for CI, 4 or more for a release check.
 set -euo pipefail
 cd "$(dirname "$0")/.."

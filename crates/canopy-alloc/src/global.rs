@@ -72,7 +72,7 @@ pub struct GlobalCounters {
 }
 
 pub(crate) struct Global {
-    pub lock: canopy_sync::RawLock,
+    pub lock: canopy_sync::SoloLock,
     pub state: UnsafeCell<GlobalState>,
 }
 
@@ -81,7 +81,7 @@ pub(crate) struct Global {
 unsafe impl Sync for Global {}
 
 pub(crate) static GLOBAL: Global = Global {
-    lock: canopy_sync::RawLock::new(),
+    lock: canopy_sync::SoloLock::new(),
     state: UnsafeCell::new(GlobalState {
         top: 0,
         bins: [ptr::null_mut(); BINS],

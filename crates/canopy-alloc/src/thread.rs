@@ -117,10 +117,9 @@ fn init_slow() -> bool {
         if ok {
             crate::arena::init_free_key();
             crate::set_options(opts);
-            solo::init(opts.solo_unlocked);
             // The thread that starts the allocator is the solo thread until
             // another thread enters the global heap.
-            solo::claim(canopy_sys::thread_id());
+            solo::init(opts.solo_unlocked, canopy_sys::thread_id());
             // SAFETY: KEY is written once here, before READY is published;
             // pthread_key_create does not allocate.
             unsafe {
@@ -237,7 +236,7 @@ extern "C" fn fork_prepare() {
 }
 
 extern "C" fn fork_parent() {
-    global::GLOBAL.lock.unlock();
+    solo::unlock_after_fork_parent();
 }
 
 extern "C" fn fork_child() {
@@ -254,5 +253,5 @@ extern "C" fn fork_child() {
             h = (*h).next_all;
         }
     }
-    global::GLOBAL.lock.force_unlock();
+    solo::unlock_after_fork_child();
 }

@@ -9,6 +9,8 @@
 //! - [`MpscQueue`]: an intrusive multi-producer single-consumer queue whose
 //!   push of a whole chain costs one atomic swap; the allocator sends remote
 //!   frees through it.
+//! - [`SoloLock`]: a lock that a thread which is alone enters without
+//!   locking, handed over with `membarrier(2)`; the allocator's global heap.
 //!
 //! Nothing in this crate allocates.
 #![deny(missing_docs)]
@@ -32,7 +34,9 @@ pub mod prim {
 
 mod lock;
 mod mpsc;
+mod solo;
 
 pub use crossbeam_utils::CachePadded;
 pub use lock::RawLock;
 pub use mpsc::{MpscQueue, Node};
+pub use solo::SoloLock;

@@ -95,3 +95,76 @@ fn raw_lock_mutual_exclusion() {
         assert_eq!(counter.load(Ordering::Relaxed), 2);
     });
 }
+
+/// The solo hand-off: the solo thread enters twice without the lock while a
+/// second thread enters once with it.  The shared counter is a loom
+/// `UnsafeCell`, so any overlap of the two critical sections is a reported
+/// data race.  (The kernel's membarrier is modelled as a SeqCst fence on both
+/// sides.)
+#[test]
+fn solo_lock_hand_off() {
+    use canopy_sync::SoloLock;
+    use loom::cell::UnsafeCell;
+
+    struct Shared {
+        lock: SoloLock,
+        count: UnsafeCell<usize>,
+    }
+    // SAFETY: `count` is only touched inside the lock's critical sections.
+    unsafe impl Sync for Shared {}
+
+    loom::model(|| {
+        let s = Arc::new(Shared { lock: SoloLock::new(), count: UnsafeCell::new(0) });
+        assert!(s.lock.enable(1));
+        let s2 = s.clone();
+        let other = loom::thread::spawn(move || {
+            let locked = s2.lock.lock(2);
+            assert!(locked, "a thread that is not solo always takes the lock");
+            s2.count.with_mut(|c| unsafe { *c += 1 });
+            s2.lock.unlock(locked, None);
+        });
+        for _ in 0..2 {
+            let locked = s.lock.lock(1);
+            s.count.with_mut(|c| unsafe { *c += 1 });
+            s.lock.unlock(locked, None);
+        }
+        other.join().unwrap();
+        assert_eq!(s.count.with(|c| unsafe { *c }), 3);
+        assert!(!s.lock.solo_active(), "the second thread ended the solo period");
+    });
+}
+
+/// A new solo period begun under the lock is ended safely by a late thread.
+#[test]
+fn solo_lock_new_period() {
+    use canopy_sync::SoloLock;
+    use loom::cell::UnsafeCell;
+
+    struct Shared {
+        lock: SoloLock,
+        count: UnsafeCell<usize>,
+    }
+    // SAFETY: `count` is only touched inside the lock's critical sections.
+    unsafe impl Sync for Shared {}
+
+    loom::model(|| {
+        let s = Arc::new(Shared { lock: SoloLock::new(), count: UnsafeCell::new(0) });
+        // Solo periods allowed, but thread 1 starts with the lock taken and
+        // begins a period when it leaves.
+        assert!(s.lock.enable(9));
+        let s2 = s.clone();
+        let late = loom::thread::spawn(move || {
+            let locked = s2.lock.lock(2);
+            s2.count.with_mut(|c| unsafe { *c += 1 });
+            s2.lock.unlock(locked, None);
+        });
+        let locked = s.lock.lock(1);
+        s.count.with_mut(|c| unsafe { *c += 1 });
+        s.lock.unlock(locked, Some(1));
+        let locked = s.lock.lock(1);
+        s.count.with_mut(|c| unsafe { *c += 1 });
+        s.lock.unlock(locked, None);
+        late.join().unwrap();
+        assert_eq!(s.count.with(|c| unsafe { *c }), 3);
+    });
+}

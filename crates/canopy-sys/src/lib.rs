@@ -226,6 +226,25 @@ pub fn yield_now() {
     unsafe { libc::sched_yield() };
 }
 
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
+
+/// Register this process for [`barrier_all_threads`].  Returns false where
+/// the kernel does not offer it.
+pub fn register_process_barrier() -> bool {
+    // SAFETY: membarrier takes plain integer arguments.
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 }
+}
+
+/// Make every running thread of this process execute a full memory barrier
+/// before returning (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`), so a
+/// thread's fast path can pair with it using only a compiler fence.
+/// Needs [`register_process_barrier`] first.
+pub fn barrier_all_threads() {
+    // SAFETY: membarrier takes plain integer arguments.
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) };
+}
+
 /// Number of processors online.
 pub fn cpu_count() -> usize {
     // SAFETY: sysconf has no preconditions.
