@@ -383,8 +383,18 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
 #[cold]
 #[inline(never)]
 unsafe fn free_post(d: *mut Desc, p: *mut u8) {
-    // SAFETY: d belongs to this thread's heap (the caller checked `owner`).
-    unsafe { (*tls_heap()).free_small_post(d, p) }
+    let me = tls_heap();
+    // After fork(), a new thread of the child can have the id (TCB address)
+    // of a parent thread that no longer exists, whose heap is retired: the
+    // fast path then pushed onto a slab of that dead heap.  That only leaks
+    // the block; its lists are not ours to touch.
+    // SAFETY: d is a descriptor of the arena; `heap` is written once per use
+    // of the unit by its owner.
+    if !core::ptr::eq(unsafe { (*d).heap.load(canopy_sync::prim::Ordering::Relaxed) }, me) {
+        return;
+    }
+    // SAFETY: d belongs to this thread's heap (checked just above).
+    unsafe { (*me).free_small_post(d, p) }
 }
 
 /// Free with the block's size known (the C `free_sized`).  In check mode a

@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,8 +40,17 @@ static void *short_lived(void *arg) {
 }
 
 static volatile int stop;
+enum { HANDOFF = 3000 };
+static void *handoff[HANDOFF];
+static volatile int handoff_ready;
+
 static void *busy(void *arg) {
-    (void)arg;
+    if (arg) {
+        /* Blocks owned by this thread's heap, freed later by a thread of a
+         * forked child (which may get this thread's id there). */
+        for (int i = 0; i < HANDOFF; i++) handoff[i] = malloc(48);
+        __atomic_store_n(&handoff_ready, 1, __ATOMIC_RELEASE);
+    }
     while (!stop) {
         void *ps[64];
         for (int i = 0; i < 64; i++) ps[i] = malloc(8 + i * 24);
@@ -49,7 +59,22 @@ static void *busy(void *arg) {
     return NULL;
 }
 
-static void *child_thread(void *arg) { (void)arg; void *p = malloc(1000); free(p); return NULL; }
+static void *child_thread(void *arg) {
+    (void)arg;
+    void *p = malloc(1000);
+    free(p);
+    /* Free the parent's busy thread's blocks, then check this thread's own
+     * allocations stay distinct and intact. */
+    for (int i = 0; i < HANDOFF; i++) free(handoff[i]);
+    enum { N = 20000 };
+    static unsigned char *mine[N];
+    for (int i = 0; i < N; i++) { mine[i] = malloc(48); memset(mine[i], i & 255, 48); }
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < 48; j++)
+            if (mine[i][j] != (unsigned char)(i & 255)) { fprintf(stderr, "child thread: block %d corrupted\n", i); _exit(3); }
+    for (int i = 0; i < N; i++) free(mine[i]);
+    return NULL;
+}
 
 int main(int argc, char **argv) {
     int churn = argc > 1 ? atoi(argv[1]) : 2000;
@@ -65,7 +90,8 @@ int main(int argc, char **argv) {
     }
     /* fork while two threads allocate */
     pthread_t b[2];
-    for (int i = 0; i < 2; i++) pthread_create(&b[i], NULL, busy, NULL);
+    for (int i = 0; i < 2; i++) pthread_create(&b[i], NULL, busy, i == 0 ? (void *)1 : NULL);
+    while (!__atomic_load_n(&handoff_ready, __ATOMIC_ACQUIRE)) sched_yield();
     for (int f = 0; f < 20; f++) {
         pid_t pid = fork();
         if (pid == 0) {
