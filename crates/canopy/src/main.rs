@@ -286,6 +286,7 @@ fn common(cli: &Cli, size: Size, runs: Option<usize>, c: &ContenderArgs) -> Resu
         results_dir: results_dir(cli),
         contenders,
         timeout: Duration::from_secs(cli.timeout.max(1)),
+        install: !cli.no_install,
     })
 }
 

@@ -33,6 +33,8 @@ pub struct Common {
     pub contenders: Contenders,
     /// Kill a benchmark child after this long.
     pub timeout: Duration,
+    /// Install missing Debian packages (anchors, valgrind) when root.
+    pub install: bool,
 }
 
 impl Common {

@@ -133,6 +133,12 @@ pub fn run(common: &Common, opts: &CallgrindOptions) -> Result<Finished> {
     markdown.push_str(&machine_markdown(&machine));
     markdown.push('\n');
 
+    if find_valgrind().is_none() && common.install {
+        // Debian's valgrind, like the anchors: installed when we may.
+        if let Err(e) = crate::anchors::apt_install(&["valgrind"]) {
+            eprintln!("warning: {e}");
+        }
+    }
     let Some(valgrind) = find_valgrind() else {
         let why =
             "valgrind not found: install it (`apt-get install valgrind`) to run this experiment"
