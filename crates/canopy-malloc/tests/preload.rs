@@ -121,16 +121,19 @@ fn c_lifecycle_fork_churn_tls_destructors() {
     }
 }
 
+/// `badfree` cases and the words their report must contain.
+const BAD_FREES: &[(&str, &str)] = &[
+    ("double", "double free"),
+    ("foreign", "not allocated by Canopy"),
+    ("interior", "not the start of a live block"),
+    ("large", "double free"),
+    ("medium", "double free"),
+];
+
 #[test]
 fn bad_frees_are_refused_in_default_mode() {
     let exe = compile("badfree");
-    for (what, words) in [
-        ("double", "double free"),
-        ("foreign", "not allocated by Canopy"),
-        ("interior", "not the start of a live block"),
-        ("large", "double free"),
-        ("medium", "double free"),
-    ] {
+    for &(what, words) in BAD_FREES {
         let out = run(Command::new(&exe).arg(what), false);
         expect_ok(&out, "survived", &format!("badfree {what}"));
         let err = text(&out.stderr);
@@ -141,13 +144,7 @@ fn bad_frees_are_refused_in_default_mode() {
 #[test]
 fn bad_frees_abort_in_check_mode() {
     let exe = compile("badfree");
-    for (what, words) in [
-        ("double", "double free"),
-        ("foreign", "not allocated by Canopy"),
-        ("interior", "not the start of a live block"),
-        ("large", "double free"),
-        ("medium", "double free"),
-    ] {
+    for &(what, words) in BAD_FREES {
         let out = run(Command::new(&exe).arg(what), true);
         assert!(!out.status.success(), "badfree {what} must abort in check mode");
         let err = text(&out.stderr);

@@ -96,6 +96,33 @@ fn raw_lock_mutual_exclusion() {
     });
 }
 
+/// A counter guarded by a `SoloLock`, for the solo models.  The counter is
+/// a loom `UnsafeCell`, so overlapping critical sections are reported.
+struct Shared {
+    lock: canopy_sync::SoloLock,
+    count: loom::cell::UnsafeCell<usize>,
+}
+// SAFETY: `count` is only touched inside the lock's critical sections.
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn new() -> Arc<Shared> {
+        Arc::new(Shared { lock: canopy_sync::SoloLock::new(), count: loom::cell::UnsafeCell::new(0) })
+    }
+    /// One critical section as thread `me`; `alone` as for `SoloLock::unlock`.
+    fn enter(&self, me: usize, alone: Option<usize>) -> bool {
+        let locked = self.lock.lock(me);
+        // SAFETY: inside the critical section.
+        self.count.with_mut(|c| unsafe { *c += 1 });
+        self.lock.unlock(locked, alone);
+        locked
+    }
+    fn count(&self) -> usize {
+        // SAFETY: every other thread has been joined.
+        self.count.with(|c| unsafe { *c })
+    }
+}
+
 /// The solo hand-off: the solo thread enters twice without the lock while a
 /// second thread enters once with it.  The shared counter is a loom
 /// `UnsafeCell`, so any overlap of the two critical sections is a reported
@@ -103,33 +130,18 @@ fn raw_lock_mutual_exclusion() {
 /// sides.)
 #[test]
 fn solo_lock_hand_off() {
-    use canopy_sync::SoloLock;
-    use loom::cell::UnsafeCell;
-
-    struct Shared {
-        lock: SoloLock,
-        count: UnsafeCell<usize>,
-    }
-    // SAFETY: `count` is only touched inside the lock's critical sections.
-    unsafe impl Sync for Shared {}
-
     loom::model(|| {
-        let s = Arc::new(Shared { lock: SoloLock::new(), count: UnsafeCell::new(0) });
+        let s = Shared::new();
         assert!(s.lock.enable(1));
         let s2 = s.clone();
         let other = loom::thread::spawn(move || {
-            let locked = s2.lock.lock(2);
-            assert!(locked, "a thread that is not solo always takes the lock");
-            s2.count.with_mut(|c| unsafe { *c += 1 });
-            s2.lock.unlock(locked, None);
+            assert!(s2.enter(2, None), "a thread that is not solo always takes the lock");
         });
         for _ in 0..2 {
-            let locked = s.lock.lock(1);
-            s.count.with_mut(|c| unsafe { *c += 1 });
-            s.lock.unlock(locked, None);
+            s.enter(1, None);
         }
         other.join().unwrap();
-        assert_eq!(s.count.with(|c| unsafe { *c }), 3);
+        assert_eq!(s.count(), 3);
         assert!(!s.lock.solo_active(), "the second thread ended the solo period");
     });
 }
@@ -137,34 +149,18 @@ fn solo_lock_hand_off() {
 /// A new solo period begun under the lock is ended safely by a late thread.
 #[test]
 fn solo_lock_new_period() {
-    use canopy_sync::SoloLock;
-    use loom::cell::UnsafeCell;
-
-    struct Shared {
-        lock: SoloLock,
-        count: UnsafeCell<usize>,
-    }
-    // SAFETY: `count` is only touched inside the lock's critical sections.
-    unsafe impl Sync for Shared {}
-
     loom::model(|| {
-        let s = Arc::new(Shared { lock: SoloLock::new(), count: UnsafeCell::new(0) });
-        // Solo periods allowed, but thread 1 starts with the lock taken and
-        // begins a period when it leaves.
+        let s = Shared::new();
+        // Solo periods allowed (the first solo thread, 9, never runs); thread
+        // 1 takes the lock and begins a period as it leaves.
         assert!(s.lock.enable(9));
         let s2 = s.clone();
         let late = loom::thread::spawn(move || {
-            let locked = s2.lock.lock(2);
-            s2.count.with_mut(|c| unsafe { *c += 1 });
-            s2.lock.unlock(locked, None);
+            s2.enter(2, None);
         });
-        let locked = s.lock.lock(1);
-        s.count.with_mut(|c| unsafe { *c += 1 });
-        s.lock.unlock(locked, Some(1));
-        let locked = s.lock.lock(1);
-        s.count.with_mut(|c| unsafe { *c += 1 });
-        s.lock.unlock(locked, None);
+        s.enter(1, Some(1));
+        s.enter(1, None);
         late.join().unwrap();
-        assert_eq!(s.count.with(|c| unsafe { *c }), 3);
+        assert_eq!(s.count(), 3);
     });
 }
