@@ -59,6 +59,10 @@ pub mod kind {
     pub const FREE_BODY: u8 = 7;
     /// A unit of a thread heap's page that is not in use.
     pub const HEAP_FREE: u8 = 8;
+    /// First unit of pages lent to another layer (a region allocator); `a` holds the unit count.
+    pub const LENT: u8 = 9;
+    /// Another unit of lent pages.
+    pub const LENT_BODY: u8 = 10;
 }
 
 /// Slab flag: the slab is on its heap's full list.

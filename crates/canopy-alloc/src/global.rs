@@ -55,6 +55,8 @@ pub struct GlobalCounters {
     pub large_bytes: u64,
     /// Pages handed to thread heaps.
     pub pages_out: u64,
+    /// Units currently lent to other layers (`lend_pages`).
+    pub lent_units: u64,
     /// Pages given back by thread heaps.
     pub pages_back: u64,
     /// Bytes decommitted (given back to the OS).
@@ -94,6 +96,7 @@ pub(crate) static GLOBAL: Global = Global {
             large_frees: 0,
             large_bytes: 0,
             pages_out: 0,
+            lent_units: 0,
             pages_back: 0,
             bytes_decommitted: 0,
             decommits: 0,

@@ -48,6 +48,7 @@ pub mod arena;
 mod check;
 mod global;
 mod heap;
+mod lend;
 mod medium;
 mod meta;
 pub mod options;
@@ -62,6 +63,7 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
 use core::ptr;
 pub use heap::Heap;
+pub use lend::{lend_pages, return_pages, LendError};
 use heap::{empty_heap, DEAD_TID};
 pub use options::Options;
 pub use report::BadFree;
@@ -451,6 +453,7 @@ unsafe fn free_slow(p: *mut u8, call: &'static str, expected: usize) {
             kind::FREE_SPAN | kind::FREE_BODY | kind::HEAP_FREE if p as usize & (UNIT - 1) == 0 => {
                 report::bad_free(call, p, BadFree::DoubleFree, 0, None)
             }
+            kind::LENT | kind::LENT_BODY => report::bad_free(call, p, BadFree::Lent, 0, None),
             _ => report::bad_free(call, p, BadFree::NotABlock, 0, None),
         }
     }

@@ -19,6 +19,8 @@ pub enum BadFree {
     NotABlock,
     /// The size or class given to a sized free does not match the block.
     WrongSize,
+    /// The pointer is inside pages lent to another layer (a region allocator).
+    Lent,
 }
 
 impl BadFree {
@@ -28,6 +30,7 @@ impl BadFree {
             BadFree::Foreign => "pointer was not allocated by Canopy",
             BadFree::NotABlock => "pointer is not the start of a live block",
             BadFree::WrongSize => "size or class does not match the block",
+            BadFree::Lent => "pointer is inside pages lent to a region allocator (free it through the region API)",
         }
     }
 }

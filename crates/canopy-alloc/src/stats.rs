@@ -79,6 +79,8 @@ pub struct Stats {
     pub large_frees: u64,
     /// Bytes in live large chunks.
     pub large_bytes: u64,
+    /// Bytes of pages currently lent to region allocators (`lend_pages`).
+    pub lent_bytes: u64,
     /// Heaps owned by live threads.
     pub heaps_live: u64,
     /// Heaps created.
@@ -162,6 +164,7 @@ impl Default for Stats {
             large_allocs: 0,
             large_frees: 0,
             large_bytes: 0,
+            lent_bytes: 0,
             heaps_live: 0,
             heaps_created: 0,
             heaps_adopted: 0,
@@ -220,6 +223,7 @@ pub fn snapshot() -> Stats {
     s.large_allocs = g.large_allocs;
     s.large_frees = g.large_frees;
     s.large_bytes = g.large_bytes;
+    s.lent_bytes = g.lent_units * crate::arena::UNIT as u64;
     s.pages_to_heaps = g.pages_out;
     s.pages_from_heaps = g.pages_back;
     s.bytes_returned_to_os = g.bytes_decommitted;
@@ -237,7 +241,7 @@ pub fn snapshot() -> Stats {
 }
 
 impl Stats {
-    fn rows(&self) -> [(&'static str, u64); 26] {
+    fn rows(&self) -> [(&'static str, u64); 27] {
         [
             ("reserved_bytes", self.reserved_bytes),
             ("committed_bytes", self.committed_bytes),
@@ -257,6 +261,7 @@ impl Stats {
             ("large_allocs", self.large_allocs),
             ("large_frees", self.large_frees),
             ("large_bytes", self.large_bytes),
+            ("lent_bytes", self.lent_bytes),
             ("heaps_live", self.heaps_live),
             ("heaps_created", self.heaps_created),
             ("heaps_adopted", self.heaps_adopted),

@@ -1,0 +1,525 @@
+use core::ptr::NonNull;
+
+use crate::*;
+
+fn fill(p: NonNull<u8>, len: usize, v: u8) {
+    // SAFETY: callers pass live objects of at least len bytes.
+    unsafe { core::ptr::write_bytes(p.as_ptr(), v, len) };
+}
+
+fn holds(p: NonNull<u8>, len: usize, v: u8) -> bool {
+    // SAFETY: callers pass live objects of at least len bytes.
+    unsafe { core::slice::from_raw_parts(p.as_ptr(), len).iter().all(|&b| b == v) }
+}
+
+#[test]
+fn objects_are_distinct_aligned_and_sized() {
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let sizes = [0usize, 1, 63, 64, 65, 192, 1000, 1536, 4096, 4097, 50048, 3 << 20];
+    let mut objs = Vec::new();
+    for (i, &s) in sizes.iter().enumerate() {
+        let p = ra.alloc(s, r).unwrap();
+        let (rid, usable) = ra.object(p).unwrap();
+        assert_eq!(rid, r);
+        assert!(usable >= s.max(1), "size {s}: usable {usable}");
+        assert_eq!(p.as_ptr() as usize % 64, 0, "size {s} is granule aligned");
+        if s > 4096 {
+            assert_eq!(p.as_ptr() as usize % 4096, 0, "spans are slab aligned");
+        }
+        fill(p, s, i as u8);
+        objs.push((p, s, i as u8));
+    }
+    for &(p, s, v) in &objs {
+        assert!(holds(p, s, v));
+    }
+    ra.check().unwrap();
+    let st = ra.region_stats(r).unwrap();
+    assert_eq!(st.objects, sizes.len() as u64);
+    for (p, _, _) in objs {
+        ra.free(p).unwrap();
+    }
+    assert_eq!(ra.region_stats(r).unwrap().objects, 0);
+    ra.check().unwrap();
+}
+
+#[test]
+fn region_tree_and_ids() {
+    let mut ra = RegionAllocator::new();
+    let a = ra.ralloc(RegionId::ROOT, 1).unwrap();
+    let b = ra.ralloc(a, 2).unwrap();
+    let c = ra.ralloc(b, 3).unwrap();
+    let d = ra.ralloc(a, 2).unwrap();
+    for id in [a, b, c, d] {
+        assert_ne!(id.get(), 0);
+        assert_ne!(id, RegionId::ROOT);
+    }
+    assert_eq!(ra.children(a).unwrap(), vec![d, b]);
+    assert_eq!(ra.region_stats(c).unwrap().depth, 3);
+    assert_eq!(ra.region_stats(c).unwrap().level_hint, 3);
+    assert_eq!(ra.region_stats(b).unwrap().parent, Some(a));
+    let pc = ra.balloc(100, c, 500).unwrap();
+    let pd = ra.alloc(10, d).unwrap();
+    ra.rfree(b).unwrap();
+    assert_eq!(ra.rfree(b), Err(RegionError::FreedRegion(b)));
+    assert_eq!(ra.alloc(8, c), Err(RegionError::FreedRegion(c)));
+    assert!(matches!(ra.free(pc[0]), Err(RegionError::NotOwned(_) | RegionError::NotAllocated { .. })));
+    assert_eq!(ra.children(a).unwrap(), vec![d]);
+    assert_eq!(ra.object(pd).unwrap().0, d);
+    // A new region may take the freed slot, but never the freed id.
+    let e = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    assert!(e != b && e != c);
+    assert_eq!(ra.alloc(8, b), Err(RegionError::FreedRegion(b)));
+    assert_eq!(ra.rfree(RegionId::ROOT), Err(RegionError::RootNotFreeable));
+    let bogus = RegionId::from_raw(12345).unwrap();
+    assert_eq!(ra.alloc(8, bogus), Err(RegionError::UnknownRegion(bogus)));
+    assert_eq!(ra.ralloc(bogus, 0), Err(RegionError::UnknownRegion(bogus)));
+    ra.check().unwrap();
+    assert_eq!(ra.stats().regions, 4); // root, a, d, e
+}
+
+#[test]
+fn bad_frees_are_refused_and_change_nothing() {
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let p = ra.alloc(192, r).unwrap();
+    let q = ra.alloc(192, r).unwrap();
+    let big = ra.alloc(20000, r).unwrap();
+    fill(q, 192, 7);
+    let local = 5u64;
+    let foreign = NonNull::from(&local).cast::<u8>();
+    assert!(matches!(ra.free(foreign), Err(RegionError::NotOwned(_))));
+    // SAFETY: offsets inside live objects.
+    let inner = unsafe { NonNull::new_unchecked(p.as_ptr().add(8)) };
+    assert_eq!(ra.free(inner), Err(RegionError::Interior { ptr: inner.as_ptr() as usize, object: p.as_ptr() as usize, region: r }));
+    // SAFETY: as above.
+    let inner_big = unsafe { NonNull::new_unchecked(big.as_ptr().add(8192)) };
+    assert!(matches!(ra.free(inner_big), Err(RegionError::Interior { object, .. }) if object == big.as_ptr() as usize));
+    ra.free(p).unwrap();
+    assert_eq!(ra.free(p), Err(RegionError::NotAllocated { ptr: p.as_ptr() as usize, region: r }));
+    ra.free(big).unwrap();
+    assert!(ra.free(big).is_err());
+    assert!(holds(q, 192, 7));
+    assert_eq!(ra.region_stats(r).unwrap().objects, 1);
+    ra.check().unwrap();
+    let msg = ra.free(p).unwrap_err().to_string();
+    assert!(msg.contains("double free") && msg.contains(&format!("{:#x}", p.as_ptr() as usize)), "{msg}");
+}
+
+#[test]
+fn realloc_keeps_contents_and_moves_between_regions() {
+    let mut ra = RegionAllocator::new();
+    let a = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let b = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let p = ra.alloc(100, a).unwrap();
+    fill(p, 100, 3);
+    assert_eq!(ra.realloc(p, 120, None).unwrap(), p, "same 128 B slot");
+    let q = ra.realloc(p, 1000, None).unwrap();
+    assert!(holds(q, 100, 3));
+    let q2 = ra.realloc(q, 1000, Some(b)).unwrap();
+    assert_eq!(ra.object(q2).unwrap().0, b);
+    assert!(holds(q2, 100, 3));
+    let big = ra.realloc(q2, 40000, None).unwrap();
+    assert!(holds(big, 100, 3));
+    fill(big, 40000, 9);
+    let smaller = ra.realloc(big, 10000, None).unwrap();
+    assert_eq!(smaller, big, "spans shrink in place");
+    assert_eq!(ra.object(smaller).unwrap().1, 12288);
+    let grown = ra.realloc(smaller, 16000, None).unwrap();
+    assert!(holds(grown, 10000, 9));
+    let bogus = RegionId::from_raw(99).unwrap();
+    assert!(ra.realloc(grown, 10, Some(bogus)).is_err());
+    assert!(holds(grown, 10000, 9), "a failed realloc leaves the object alone");
+    assert_eq!(ra.region_stats(a).unwrap().objects, 0);
+    assert_eq!(ra.region_stats(b).unwrap().objects, 1);
+    ra.check().unwrap();
+}
+
+#[test]
+fn out_of_memory_loses_nothing() {
+    let cfg = Config { max_pages: 1, ..Config::default() };
+    let mut ra = RegionAllocator::with_config(cfg).unwrap();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let keep = ra.alloc(64, r).unwrap();
+    fill(keep, 64, 1);
+    // 1 MiB holds 256 slabs of 64 slots: 20000 objects do not fit.
+    let e = ra.balloc(64, r, 20000).unwrap_err();
+    assert!(matches!(e, RegionError::OutOfMemory { .. }), "{e}");
+    assert_eq!(ra.region_stats(r).unwrap().objects, 1);
+    assert!(holds(keep, 64, 1));
+    assert!(ra.alloc(2 << 20, r).is_err());
+    ra.check().unwrap();
+    assert!(ra.balloc(64, r, 1000).is_ok());
+}
+
+#[test]
+fn empty_slabs_stay_between_the_watermarks() {
+    let cfg = Config { max_pages: 2, high_watermark: 8, low_watermark: 1, ..Config::default() };
+    let mut ra = RegionAllocator::with_config(cfg).unwrap();
+    // Many regions each holding one object: each keeps up to 8 empty slabs
+    // while memory is plentiful; when it runs short, the others give theirs
+    // back down to the low watermark.
+    let mut regions = Vec::new();
+    for _ in 0..300 {
+        let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+        ra.alloc(64, r).unwrap();
+        regions.push(r);
+    }
+    ra.check().unwrap();
+    assert!(ra.stats().reclaimed_slabs > 0);
+    for r in &regions {
+        assert!(ra.region_stats(*r).unwrap().empty_slabs <= 8);
+    }
+    // Freed objects leave empty slabs, at most `high` per region.
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let v = ra.balloc(4096, r, 20).unwrap();
+    for p in v {
+        ra.free(p).unwrap();
+    }
+    assert!(ra.region_stats(r).unwrap().empty_slabs <= 8);
+    ra.check().unwrap();
+}
+
+#[test]
+fn holes_are_filled_before_new_slabs() {
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let v = ra.balloc(192, r, 2100).unwrap(); // 21 slots per slab: 100 slabs
+    let before = ra.region_stats(r).unwrap();
+    assert_eq!(before.full_slabs, 100);
+    for p in v.iter().step_by(2) {
+        ra.free(*p).unwrap();
+    }
+    let mid = ra.region_stats(r).unwrap();
+    assert_eq!(mid.partial_slabs, 100);
+    ra.balloc(192, r, 1050).unwrap();
+    let after = ra.region_stats(r).unwrap();
+    assert_eq!((after.full_slabs, after.partial_slabs), (100, 0), "every hole plugged, no new slab");
+    ra.check().unwrap();
+}
+
+#[test]
+fn region_free_returns_memory_for_reuse_and_trim() {
+    let mut ra = RegionAllocator::new();
+    let before = canopy_alloc::stats::snapshot().lent_bytes;
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    ra.balloc(256, r, 100_000).unwrap();
+    let pages = ra.stats().pages;
+    assert!(pages >= 25);
+    ra.rfree(r).unwrap();
+    let r2 = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    ra.balloc(256, r2, 100_000).unwrap();
+    assert_eq!(ra.stats().pages, pages, "the second region reuses the first one's pages");
+    ra.rfree(r2).unwrap();
+    assert_eq!(ra.trim(), pages);
+    assert_eq!(ra.stats().pages, 0);
+    ra.check().unwrap();
+    drop(ra);
+    assert!(canopy_alloc::stats::snapshot().lent_bytes <= before + (64 << 20), "pages went back to the global heap");
+}
+
+#[test]
+fn packed_list_is_a_few_runs() {
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let mut prev: *mut u8 = core::ptr::null_mut();
+    for i in 0..30_000u64 {
+        let p = ra.alloc(32, r).unwrap().as_ptr();
+        // SAFETY: p is a live 64-byte slot.
+        unsafe {
+            (p as *mut *mut u8).write(prev);
+            (p.add(8) as *mut u64).write(i);
+        }
+        prev = p;
+    }
+    let runs = ra.pack_runs(r).unwrap();
+    assert!(runs.len() <= 4, "{} runs", runs.len());
+    let packed = ra.pack(r).unwrap();
+    assert_eq!(packed.runs, runs);
+    assert_eq!(packed.bytes(), 30_000usize.div_ceil(64) * 4096);
+    assert_eq!(Packed::decode(&packed.encode()).unwrap(), packed);
+}
+
+#[test]
+fn malformed_packs_are_refused() {
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let c = ra.ralloc(r, 0).unwrap();
+    ra.balloc(100, c, 10).unwrap();
+    ra.alloc(9000, r).unwrap();
+    let enc = ra.pack(r).unwrap().encode();
+    for cut in [0, 7, 8, 20, enc.len() - 1] {
+        let e = Packed::decode(&enc[..cut]).unwrap_err();
+        assert!(matches!(e, RegionError::Malformed(_)), "{e}");
+    }
+    let mut bad = enc.clone();
+    bad[0] = b'X';
+    assert!(Packed::decode(&bad).unwrap_err().to_string().contains("magic"));
+    let mut long = enc.clone();
+    long.push(0);
+    assert!(Packed::decode(&long).is_err());
+    // Unpacking where the memory or the ids are in use is refused.
+    let p = ra.pack(r).unwrap();
+    let e = ra.unpack(RegionId::ROOT, &p, |_, _| Ok(())).unwrap_err();
+    assert!(matches!(e, RegionError::Unpack(_)), "{e}");
+    ra.check().unwrap();
+    // The global heap cannot place pages at given addresses.
+    let mut other = RegionAllocator::new();
+    let e = other.unpack(RegionId::ROOT, &p, |_, _| Ok(())).unwrap_err();
+    assert!(e.to_string().contains("FixedRange"), "{e}");
+    other.check().unwrap();
+}
+
+/// Build a linked list and a binary tree in regions of an allocator over a
+/// fixed range, pack them, drop the allocator (unmapping the range), and
+/// unpack into a new allocator at the same base: the pointers still work.
+#[test]
+fn unpack_at_the_same_addresses_in_a_new_allocator() {
+    let len = 64 << 20;
+    let probe = FixedRange::reserve(len, 1 << 20).unwrap();
+    let base = probe.base();
+    drop(probe);
+    let cfg = Config::default();
+    let (enc, bytes, list_head, tree_root) = {
+        let mut ra = RegionAllocator::with_source(cfg.clone(), Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap())).unwrap();
+        let top = ra.ralloc(RegionId::ROOT, 0).unwrap();
+        let lists = ra.ralloc(top, 1).unwrap();
+        let trees = ra.ralloc(top, 1).unwrap();
+        let head = crate::tests::build_list(&mut ra, lists, 5000);
+        let root = crate::tests::build_tree(&mut ra, trees, 12);
+        let p = ra.pack(top).unwrap();
+        let mut bytes = Vec::new();
+        for r in &p.runs {
+            // SAFETY: runs are live memory of the allocator.
+            bytes.extend_from_slice(unsafe { core::slice::from_raw_parts(r.addr as *const u8, r.len) });
+        }
+        (p.encode(), bytes, head as usize, root as usize)
+    };
+    let p = Packed::decode(&enc).unwrap();
+    let mut rb = RegionAllocator::with_source(cfg, Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap())).unwrap();
+    let mut off = 0;
+    let top = rb
+        .unpack(RegionId::ROOT, &p, |run, mem| {
+            mem.copy_from_slice(&bytes[off..off + run.len]);
+            off += run.len;
+            Ok(())
+        })
+        .unwrap();
+    rb.check().unwrap();
+    assert_eq!(top, p.regions[0].id);
+    assert_eq!(walk_list(list_head as *const u8), (5000, (0..5000u64).sum()));
+    assert_eq!(walk_tree(tree_root as *const u8), (1 << 12) - 1);
+    // The unpacked objects are ordinary objects here: free one, free the rest.
+    rb.free(NonNull::new(list_head as *mut u8).unwrap()).unwrap();
+    rb.rfree(top).unwrap();
+    rb.check().unwrap();
+}
+
+/// A list of `n` 32-byte nodes (next pointer, value), newest first.
+pub(crate) fn build_list(ra: &mut RegionAllocator, r: RegionId, n: u64) -> *mut u8 {
+    let mut prev: *mut u8 = core::ptr::null_mut();
+    for i in 0..n {
+        let p = ra.alloc(32, r).unwrap().as_ptr();
+        // SAFETY: p is a live slot of at least 32 bytes.
+        unsafe {
+            (p as *mut *mut u8).write(prev);
+            (p.add(8) as *mut u64).write(i);
+        }
+        prev = p;
+    }
+    prev
+}
+
+pub(crate) fn walk_list(mut p: *const u8) -> (u64, u64) {
+    let (mut n, mut sum) = (0, 0);
+    while !p.is_null() {
+        // SAFETY: nodes built by build_list.
+        unsafe {
+            sum += (p.add(8) as *const u64).read();
+            p = (p as *const *const u8).read();
+        }
+        n += 1;
+    }
+    (n, sum)
+}
+
+/// A complete binary tree of depth `d` (nodes: left, right, one payload word).
+pub(crate) fn build_tree(ra: &mut RegionAllocator, r: RegionId, d: u32) -> *mut u8 {
+    let p = ra.alloc(24, r).unwrap().as_ptr();
+    let (l, rt) = if d > 1 { (build_tree(ra, r, d - 1), build_tree(ra, r, d - 1)) } else { (core::ptr::null_mut(), core::ptr::null_mut()) };
+    // SAFETY: p is a live slot of at least 24 bytes.
+    unsafe {
+        (p as *mut *mut u8).write(l);
+        (p.add(8) as *mut *mut u8).write(rt);
+        (p.add(16) as *mut u64).write(1);
+    }
+    p
+}
+
+pub(crate) fn walk_tree(p: *const u8) -> u64 {
+    if p.is_null() {
+        return 0;
+    }
+    // SAFETY: nodes built by build_tree.
+    unsafe { (p.add(16) as *const u64).read() + walk_tree((p as *const *const u8).read()) + walk_tree((p.add(8) as *const *const u8).read()) }
+}
+
+#[test]
+fn config_is_checked() {
+    for bad in [
+        Config { granule: 48, ..Config::default() },
+        Config { slab_size: 1000, ..Config::default() },
+        Config { page_size: 2048, ..Config::default() },
+        Config { low_watermark: 9, high_watermark: 8, ..Config::default() },
+    ] {
+        assert!(matches!(RegionAllocator::with_config(bad), Err(RegionError::BadConfig(_))));
+    }
+    assert!(RegionAllocator::with_config(Config { page_size: 1 << 19, ..Config::default() }).is_err());
+    let ok = Config { granule: 16, slab_size: 16384, page_size: 2 << 20, ..Config::default() };
+    let mut ra = RegionAllocator::with_config(ok).unwrap();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let v = ra.balloc(16, r, 5000).unwrap(); // 1024 slots per slab: 16 bitmap words
+    assert_eq!(ra.region_stats(r).unwrap().full_slabs, 4);
+    for p in v {
+        ra.free(p).unwrap();
+    }
+    ra.check().unwrap();
+    assert_eq!(crate::config::parse_size("64K"), Some(65536));
+    assert_eq!(crate::config::parse_size("x"), None);
+}
+
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        NewRegion(usize),
+        Alloc(usize, usize),
+        Free(usize),
+        Realloc(usize, usize, Option<usize>),
+        FreeRegion(usize),
+        Balloc(usize, usize, usize),
+    }
+
+    fn size() -> impl Strategy<Value = usize> {
+        prop_oneof![4 => 0usize..300, 2 => 300usize..4200, 1 => 4200usize..70000]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            1 => any::<usize>().prop_map(Op::NewRegion),
+            6 => (any::<usize>(), size()).prop_map(|(r, s)| Op::Alloc(r, s)),
+            4 => any::<usize>().prop_map(Op::Free),
+            2 => (any::<usize>(), size(), proptest::option::of(any::<usize>())).prop_map(|(o, s, r)| Op::Realloc(o, s, r)),
+            1 => any::<usize>().prop_map(Op::FreeRegion),
+            1 => (any::<usize>(), 1usize..200, 1usize..100).prop_map(|(r, s, n)| Op::Balloc(r, s, n)),
+        ]
+    }
+
+    struct Obj {
+        p: NonNull<u8>,
+        size: usize,
+        region: RegionId,
+        v: u8,
+    }
+
+    fn cases() -> u32 {
+        std::env::var("CANOPY_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+        #[test]
+        fn behaves_like_the_model(ops in proptest::collection::vec(op(), 1..160)) {
+            let cfg = Config { high_watermark: 3, low_watermark: 1, max_pages: 8, ..Config::default() };
+            let mut ra = RegionAllocator::with_config(cfg).unwrap();
+            // Model: live regions (with parents) and live objects.
+            let mut regions: Vec<(RegionId, Option<RegionId>)> = vec![(RegionId::ROOT, None)];
+            let mut objs: Vec<Obj> = Vec::new();
+            let mut tick = 0u8;
+            for op in ops {
+                tick = tick.wrapping_add(1);
+                match op {
+                    Op::NewRegion(i) => {
+                        let parent = regions[i % regions.len()].0;
+                        let r = ra.ralloc(parent, 0).unwrap();
+                        regions.push((r, Some(parent)));
+                    }
+                    Op::Alloc(i, s) => {
+                        let r = regions[i % regions.len()].0;
+                        match ra.alloc(s, r) {
+                            Ok(p) => { fill(p, s, tick); objs.push(Obj { p, size: s, region: r, v: tick }); }
+                            Err(RegionError::OutOfMemory { .. }) => {}
+                            Err(e) => prop_assert!(false, "{e}"),
+                        }
+                    }
+                    Op::Balloc(i, s, n) => {
+                        let r = regions[i % regions.len()].0;
+                        match ra.balloc(s, r, n) {
+                            Ok(v) => for p in v { fill(p, s, tick); objs.push(Obj { p, size: s, region: r, v: tick }); },
+                            Err(RegionError::OutOfMemory { .. }) => {}
+                            Err(e) => prop_assert!(false, "{e}"),
+                        }
+                    }
+                    Op::Free(i) => {
+                        if objs.is_empty() { continue; }
+                        let o = objs.swap_remove(i % objs.len());
+                        prop_assert!(holds(o.p, o.size, o.v));
+                        ra.free(o.p).unwrap();
+                        prop_assert!(ra.free(o.p).is_err());
+                    }
+                    Op::Realloc(i, s, to) => {
+                        if objs.is_empty() { continue; }
+                        let k = i % objs.len();
+                        let target = to.map(|t| regions[t % regions.len()].0);
+                        let o = &mut objs[k];
+                        match ra.realloc(o.p, s, target) {
+                            Ok(q) => {
+                                prop_assert!(holds(q, o.size.min(s), o.v));
+                                fill(q, s, tick);
+                                *o = Obj { p: q, size: s, region: target.unwrap_or(o.region), v: tick };
+                            }
+                            Err(RegionError::OutOfMemory { .. }) => prop_assert!(holds(o.p, o.size, o.v)),
+                            Err(e) => prop_assert!(false, "{e}"),
+                        }
+                    }
+                    Op::FreeRegion(i) => {
+                        if regions.len() == 1 { continue; }
+                        let victim = regions[1 + i % (regions.len() - 1)].0;
+                        ra.rfree(victim).unwrap();
+                        // Remove the victim and its descendants from the model.
+                        let mut dead = vec![victim];
+                        loop {
+                            let before = dead.len();
+                            for &(r, p) in &regions {
+                                if p.is_some_and(|p| dead.contains(&p)) && !dead.contains(&r) { dead.push(r); }
+                            }
+                            if dead.len() == before { break; }
+                        }
+                        regions.retain(|(r, _)| !dead.contains(r));
+                        objs.retain(|o| !dead.contains(&o.region));
+                        for d in dead { prop_assert!(ra.alloc(1, d).is_err()); }
+                    }
+                }
+                ra.check().map_err(|e| TestCaseError::fail(e))?;
+            }
+            for o in &objs {
+                prop_assert!(holds(o.p, o.size, o.v));
+                prop_assert_eq!(ra.object(o.p).unwrap().0, o.region);
+            }
+            for &(r, _) in &regions {
+                let n = objs.iter().filter(|o| o.region == r).count() as u64;
+                prop_assert_eq!(ra.region_stats(r).unwrap().objects, n);
+            }
+        }
+
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = Packed::decode(&bytes);
+            let mut with_magic = b"CNPYRGN1".to_vec();
+            with_magic.extend_from_slice(&bytes);
+            let _ = Packed::decode(&with_magic);
+        }
+    }
+}
