@@ -94,6 +94,74 @@ void canopy_stats_print(void);
 /* Give free memory back to the operating system now; returns bytes returned. */
 size_t canopy_collect(void);
 
+/*
+ * Regions (the Myrmics region API, paper 002 Fig. 1).
+ *
+ * A region is a pool of objects freed together.  Regions form a tree under
+ * the root, which always exists.  Freeing a region frees its objects and all
+ * its descendant regions, in time proportional to their slabs, not their
+ * objects.  Each region is a slab pool of its own (64-byte slot granule,
+ * 4 KiB slabs, 1 MiB pages; CANOPY_REGION_* variables change them), and its
+ * metadata lives apart from its memory, so canopy_region_pack describes a
+ * region tree as a few (address, length) runs.
+ *
+ * All calls are thread-safe (one process-wide region allocator behind a
+ * lock).  Region memory is not malloc memory: free() of a region object is
+ * refused (and aborts in check mode); use canopy_region_free.
+ *
+ * Errors: the call returns 0 / NULL / -1 / (size_t)-1, sets errno (EINVAL
+ * for an unknown or freed region, a pointer no region owns, a double free,
+ * an interior pointer; ENOMEM when memory runs out) and nothing changes.
+ * canopy_region_error() gives the message (valid until the calling thread's
+ * next failing region call).
+ */
+
+/* A region id: unique, non-zero, never reused while the region lives (nor
+ * after: a stale id is reported as a freed region). */
+typedef uint64_t canopy_rid_t;
+
+/* The root region. */
+#define CANOPY_REGION_ROOT ((canopy_rid_t)1)
+
+/* One run of packed region memory. */
+typedef struct canopy_run {
+    uintptr_t addr;
+    size_t len;
+} canopy_run_t;
+
+/* Create a region under `parent`; the level hint is recorded.  0 on error. */
+canopy_rid_t canopy_ralloc(canopy_rid_t parent, int level_hint);
+
+/* Free a region, its objects and its descendants.  0, or -1 on error
+ * (the root cannot be freed). */
+int canopy_rfree(canopy_rid_t region);
+
+/* Allocate `size` bytes in `region` (64-byte aligned; objects larger than a
+ * slab are slab aligned).  NULL on error. */
+void *canopy_region_alloc(size_t size, canopy_rid_t region);
+
+/* Free one region object.  NULL is ignored.  0, or -1 on error. */
+int canopy_region_free(void *p);
+
+/* Resize `p` and/or move it to `region` (0: keep its region; p NULL:
+ * allocate in `region`).  NULL on error, and then `p` is untouched. */
+void *canopy_region_realloc(void *p, size_t size, canopy_rid_t region);
+
+/* Allocate `n` objects of `size` bytes in `region` into objects[0..n).
+ * 0, or -1 with none allocated. */
+int canopy_region_balloc(size_t size, canopy_rid_t region, size_t n, void **objects);
+
+/* The region whose memory holds `p`; 0 if none. */
+canopy_rid_t canopy_region_of(const void *p);
+
+/* The memory of `region` and its descendants as runs in address order,
+ * adjacent slabs coalesced.  Writes at most `cap` runs (runs may be NULL
+ * when cap is 0) and returns how many there are, or (size_t)-1 on error. */
+size_t canopy_region_pack(canopy_rid_t region, canopy_run_t *runs, size_t cap);
+
+/* The message of the calling thread's last failed region call ("" if none). */
+const char *canopy_region_error(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,6 +11,8 @@
 //! the allocator paths do not panic.
 #![deny(missing_docs)]
 
+mod region;
+
 use canopy_alloc::SizeClass;
 use core::ffi::c_void;
 use core::ptr;

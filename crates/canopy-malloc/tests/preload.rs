@@ -56,6 +56,17 @@ fn compile(name: &str) -> PathBuf {
 }
 
 fn compile_now(name: &str) -> PathBuf {
+    compile_with(name, &[])
+}
+
+/// Compile a program linked against libcanopy_malloc.so (found through rpath).
+fn compile_linked(name: &str) -> PathBuf {
+    let dir = lib().parent().expect("library directory").to_path_buf();
+    let flags = [format!("-L{}", dir.display()), "-lcanopy_malloc".into(), format!("-Wl,-rpath,{}", dir.display())];
+    compile_with(name, &flags)
+}
+
+fn compile_with(name: &str, link: &[String]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(format!("{name}.c"));
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("canopy-c-{name}"));
     let st = Command::new("cc")
@@ -66,6 +77,7 @@ fn compile_now(name: &str) -> PathBuf {
         .arg(&out)
         .arg(&src)
         .arg("-ldl")
+        .args(link)
         .status()
         .expect("a C compiler (cc) is needed for these tests");
     assert!(st.success(), "compiling {} failed", src.display());
@@ -99,6 +111,21 @@ fn c_api_default_and_check_mode() {
         let out = run(&mut Command::new(&exe), check);
         expect_ok(&out, "api ok", &format!("api (check={check})"));
     }
+}
+
+#[test]
+fn c_region_api_linked() {
+    let exe = compile_linked("regions");
+    for check in [false, true] {
+        let out = Command::new(&exe).env("CANOPY_CHECK", if check { "1" } else { "0" }).output().expect("run regions");
+        expect_ok(&out, "regions ok", &format!("regions (check={check})"));
+    }
+    // free() of a region object is refused with a message naming the region API.
+    let out = Command::new(&exe).env("CANOPY_CHECK", "0").env("REGIONS_FREE_REGION_OBJECT_WITH_FREE", "1").output().expect("run regions");
+    expect_ok(&out, "regions ok", "regions with free() of a region object");
+    assert!(text(&out.stderr).contains("lent to a region allocator"), "stderr: {}", text(&out.stderr));
+    let out = Command::new(&exe).env("CANOPY_CHECK", "1").env("REGIONS_FREE_REGION_OBJECT_WITH_FREE", "1").output().expect("run regions");
+    assert!(!out.status.success() && text(&out.stderr).contains("lent to a region allocator"), "check mode aborts: {}", text(&out.stderr));
 }
 
 #[test]

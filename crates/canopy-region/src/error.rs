@@ -42,6 +42,8 @@ pub enum RegionError {
     },
     /// A size the allocator cannot express (overflow).
     SizeTooLarge(usize),
+    /// An argument that can never be valid (a null array, id 0).
+    Invalid(String),
     /// The configuration is inconsistent.
     BadConfig(String),
     /// Unpacking: the packed data does not fit this allocator (different
@@ -68,6 +70,7 @@ impl fmt::Display for RegionError {
                 write!(f, "out of memory allocating {size} bytes in region {region}")
             }
             RegionError::SizeTooLarge(s) => write!(f, "size {s} is too large"),
+            RegionError::Invalid(m) => write!(f, "invalid argument: {m}"),
             RegionError::BadConfig(m) => write!(f, "bad region configuration: {m}"),
             RegionError::Unpack(m) => write!(f, "cannot unpack: {m}"),
             RegionError::Malformed(m) => write!(f, "malformed packed region: {m}"),

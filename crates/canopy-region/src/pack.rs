@@ -201,6 +201,51 @@ impl Packed {
     }
 }
 
+impl Packed {
+    /// Write the pack as one message: the description's length (8 bytes,
+    /// little-endian), the description, then the bytes of every run in order.
+    /// [`RegionAllocator::unpack_from`] reads it.
+    ///
+    /// # Safety
+    /// The runs must be memory of a live allocator that still holds the
+    /// packed regions unchanged (as right after [`RegionAllocator::pack`]).
+    pub unsafe fn write_with_data(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
+        let desc = self.encode();
+        w.write_all(&(desc.len() as u64).to_le_bytes())?;
+        w.write_all(&desc)?;
+        for r in &self.runs {
+            // SAFETY: the caller guarantees the runs are live memory.
+            w.write_all(unsafe { core::slice::from_raw_parts(r.addr as *const u8, r.len) })?;
+        }
+        Ok(())
+    }
+}
+
+/// Longest description `unpack_from` accepts.
+const MAX_DESCRIPTION: u64 = 1 << 30;
+
+impl RegionAllocator {
+    /// Read a message written by [`Packed::write_with_data`] and unpack it
+    /// under `parent` (see [`unpack`](Self::unpack)).  A short or malformed
+    /// message is an error and leaves the allocator as it was.
+    pub fn unpack_from(&mut self, parent: RegionId, r: &mut impl std::io::Read) -> Result<RegionId, RegionError> {
+        let mut len = [0u8; 8];
+        r.read_exact(&mut len)
+            .map_err(|e| RegionError::Malformed(format!("reading the description length: {e}")))?;
+        let len = u64::from_le_bytes(len);
+        if len > MAX_DESCRIPTION {
+            return Err(RegionError::Malformed(format!("description of {len} bytes is longer than {MAX_DESCRIPTION}")));
+        }
+        let mut desc = vec![0u8; len as usize];
+        r.read_exact(&mut desc)
+            .map_err(|e| RegionError::Malformed(format!("reading the {len}-byte description: {e}")))?;
+        let packed = Packed::decode(&desc)?;
+        self.unpack(parent, &packed, |run, mem| {
+            r.read_exact(mem).map_err(|e| format!("reading {} bytes: {e}", run.len))
+        })
+    }
+}
+
 struct Reader<'a> {
     b: &'a [u8],
     at: usize,
