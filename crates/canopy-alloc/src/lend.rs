@@ -41,15 +41,17 @@ impl fmt::Display for LendError {
 
 impl std::error::Error for LendError {}
 
-/// Take `pages` contiguous 1 MiB pages, aligned to 1 MiB, from the global
-/// heap for another layer to manage.  The memory may hold old data.  `None`
-/// when the arena is exhausted or `pages` is 0.
-pub fn lend_pages(pages: usize) -> Option<NonNull<u8>> {
-    if pages == 0 || !thread::ensure_init() {
+/// Take `pages` contiguous 1 MiB pages, aligned to `align_pages` pages (a
+/// power of two), from the global heap for another layer to manage.  The
+/// memory may hold old data.  `None` when the arena is exhausted, `pages` is
+/// 0 or the alignment is not a power of two.
+pub fn lend_pages(pages: usize, align_pages: usize) -> Option<NonNull<u8>> {
+    if pages == 0 || !align_pages.is_power_of_two() || !thread::ensure_init() {
         return None;
     }
     let units = pages.checked_mul(PAGE_UNITS)?;
-    if units > arena::MAX_UNITS {
+    let align = align_pages.checked_mul(PAGE_UNITS)?;
+    if units > arena::MAX_UNITS || align > arena::MAX_UNITS {
         return None;
     }
     crate::heap::reclaim_abandoned();
@@ -57,7 +59,7 @@ pub fn lend_pages(pages: usize) -> Option<NonNull<u8>> {
     // SAFETY: the global lock is held; the span's units become the borrower's.
     let got = unsafe {
         let g = global::state();
-        match g.alloc_span(units, PAGE_UNITS) {
+        match g.alloc_span(units, align) {
             Some((idx, _)) => {
                 arena::mark_units(idx, units, kind::LENT_BODY);
                 let d = desc(idx);

@@ -512,6 +512,7 @@ impl RegionAllocator {
         for mut x in heads {
             while x != NIL {
                 let sl = self.slabs[x as usize];
+                debug_assert!(sl.region == s as u32 && sl.state != state::FREE && sl.state != state::BODY);
                 let n = if sl.state == state::SPAN { sl.span as usize } else { 1 };
                 for i in 0..n {
                     let b = if i == 0 { x } else { self.slab_of(sl.addr + (i << self.slab_shift)).expect("span body") };
@@ -555,6 +556,12 @@ impl RegionAllocator {
         if sid == NIL {
             sid = self.new_partial(ri, class)?;
         }
+        debug_assert!(
+            self.slabs[sid as usize].state == state::PARTIAL
+                && self.slabs[sid as usize].region == ri as u32
+                && self.slabs[sid as usize].class as usize == class,
+            "partial list of region slot {ri} class {class} holds a wrong slab"
+        );
         let base = sid as usize * self.wps;
         let mut w = 0;
         while self.bits[base + w] == 0 {
@@ -735,6 +742,15 @@ impl RegionAllocator {
             .take(pages, self.cfg.page_size)
             .ok_or(RegionError::OutOfMemory { size, region: rid })?;
         let addr = p.as_ptr() as usize;
+        if addr & self.page_mask != 0 {
+            // SAFETY: the pages came from this source just now and are unused.
+            unsafe { self.source.give_back(p, pages, self.cfg.page_size) };
+            return Err(RegionError::BadConfig(format!(
+                "page source {} returned {addr:#x}, not aligned to the page size {:#x}",
+                self.source.describe(),
+                self.cfg.page_size
+            )));
+        }
         self.register_pages(addr, pages);
         self.chunks.push((addr, pages));
         self.free.insert(addr, pages * self.spp);
@@ -856,6 +872,7 @@ impl RegionAllocator {
 
     /// An emptied slab stays with its region up to the high watermark.
     fn retire_empty(&mut self, ri: usize, sid: u32) {
+        debug_assert!(self.slabs[sid as usize].live == 0 && self.slabs[sid as usize].prev == NIL);
         let r = &mut self.regions[ri];
         if (r.n_empty as usize) < self.cfg.high_watermark {
             push(&mut self.slabs, &mut r.empty, sid);

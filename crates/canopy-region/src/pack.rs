@@ -495,6 +495,10 @@ impl RegionAllocator {
                 }
             }
         }
+        #[cfg(debug_assertions)]
+        if let Err(e) = self.check() {
+            panic!("region allocator inconsistent after unpack: {e}");
+        }
         Ok(self.regions[top_slot].id(top_slot))
     }
 

@@ -38,7 +38,7 @@ const MIB: usize = 1 << 20;
 impl PageSource for GlobalHeap {
     fn take(&mut self, pages: usize, page_size: usize) -> Option<NonNull<u8>> {
         debug_assert!(page_size % MIB == 0);
-        canopy_alloc::lend_pages(pages.checked_mul(page_size / MIB)?)
+        canopy_alloc::lend_pages(pages.checked_mul(page_size / MIB)?, page_size / MIB)
     }
 
     fn take_at(&mut self, addr: usize, _pages: usize, _page_size: usize) -> Result<(), String> {
