@@ -126,8 +126,10 @@ pub(crate) struct Region {
     pub(crate) n_full: u32,
     pub(crate) n_empty: u32,
     pub(crate) n_span_slabs: u32,
-    pub(crate) objects: u64,
-    pub(crate) bytes: u64,
+    /// Objects spanning slabs (small objects are counted from their slabs on demand).
+    pub(crate) span_objects: u64,
+    /// The id while the region lives, 0 otherwise (one compare per lookup).
+    pub(crate) key: u64,
     /// Address just past the slabs this region took last: where it grows next.
     pub(crate) hint: usize,
 }
@@ -156,8 +158,8 @@ impl Region {
             n_full: 0,
             n_empty: 0,
             n_span_slabs: 0,
-            objects: 0,
-            bytes: 0,
+            span_objects: 0,
+            key: 0,
             hint: 0,
         }
     }
@@ -234,6 +236,8 @@ pub struct RegionAllocator {
     granule_shift: u32,
     /// Slots per slab for each class (index: granules).
     pub(crate) slots: Box<[u32]>,
+    /// ceil(2^40 / slot size) for each class.
+    inv: Box<[u64]>,
     pub(crate) pages: Vec<usize>,
     free_pages: Vec<u32>,
     chunks: Vec<(usize, usize)>,
@@ -300,8 +304,10 @@ impl RegionAllocator {
         let classes = cfg.slab_size / cfg.granule + 1;
         let slots: Box<[u32]> =
             (0..classes).map(|c| if c == 0 { 0 } else { (cfg.slab_size / (c * cfg.granule)) as u32 }).collect();
+        let inv: Box<[u64]> = (0..classes).map(|c| if c == 0 { 0 } else { (1u64 << 40) / (c * cfg.granule) as u64 + 1 }).collect();
         let mut root = Region::new(classes);
         root.alive = true;
+        root.key = RegionId::ROOT.get();
         Ok(RegionAllocator {
             slab_shift: cfg.slab_size.trailing_zeros(),
             page_mask: cfg.page_size - 1,
@@ -309,6 +315,7 @@ impl RegionAllocator {
             wps: (cfg.slab_size / cfg.granule).div_ceil(64),
             granule_shift: cfg.granule.trailing_zeros(),
             slots,
+            inv,
             pages: Vec::new(),
             free_pages: Vec::new(),
             chunks: Vec::new(),
@@ -350,7 +357,7 @@ impl RegionAllocator {
     pub(crate) fn slot_of(&self, rid: RegionId) -> Result<usize, RegionError> {
         let s = rid.slot();
         match self.regions.get(s) {
-            Some(r) if r.gen == rid.gen() && r.alive => Ok(s),
+            Some(r) if r.key == rid.get() => Ok(s),
             Some(r) if rid.gen() < r.gen || (rid.gen() == r.gen && !r.alive) => Err(RegionError::FreedRegion(rid)),
             _ => Err(RegionError::UnknownRegion(rid)),
         }
@@ -423,10 +430,11 @@ impl RegionAllocator {
             r.n_full = 0;
             r.n_empty = 0;
             r.n_span_slabs = 0;
-            r.objects = 0;
-            r.bytes = 0;
+            r.span_objects = 0;
             r.hint = 0;
         }
+        let key = self.regions[slot].id(slot).get();
+        self.regions[slot].key = key;
         if old_first != NIL {
             self.regions[old_first as usize].prev_sib = slot as u32;
         }
@@ -453,6 +461,7 @@ impl RegionAllocator {
             self.release_region_memory(x as usize);
             let r = &mut self.regions[x as usize];
             r.alive = false;
+            r.key = 0;
             r.gen = r.gen.wrapping_add(1);
             r.first_child = NIL;
             r.children = 0;
@@ -506,8 +515,7 @@ impl RegionAllocator {
             r.n_full = 0;
             r.n_empty = 0;
             r.n_span_slabs = 0;
-            r.objects = 0;
-            r.bytes = 0;
+            r.span_objects = 0;
         }
         for mut x in heads {
             while x != NIL {
@@ -552,7 +560,11 @@ impl RegionAllocator {
 
     #[inline]
     fn alloc_small(&mut self, ri: usize, class: usize) -> Result<usize, RegionError> {
-        let mut sid = self.regions[ri].partial[class];
+        debug_assert!(ri < self.regions.len() && class < self.slots.len());
+        // SAFETY: `ri` comes from `slot_of`, which checked it against the
+        // region table; `class` <= slab size / granule < `partial.len()`
+        // because the caller checked size <= slab size.
+        let mut sid = unsafe { *self.regions.get_unchecked(ri).partial.get_unchecked(class) };
         if sid == NIL {
             sid = self.new_partial(ri, class)?;
         }
@@ -562,30 +574,38 @@ impl RegionAllocator {
                 && self.slabs[sid as usize].class as usize == class,
             "partial list of region slot {ri} class {class} holds a wrong slab"
         );
-        let base = sid as usize * self.wps;
-        let mut w = 0;
-        while self.bits[base + w] == 0 {
-            w += 1;
+        let wps = self.wps;
+        // SAFETY: slab lists hold indices of the slab table, which has `wps`
+        // bitmap words per slab in `bits`; a partial slab has a free slot, so
+        // the scan stops inside its words.
+        unsafe {
+            let words = self.bits.as_mut_ptr().add(sid as usize * wps);
+            let mut w = 0;
+            while *words.add(w) == 0 {
+                w += 1;
+            }
+            debug_assert!(w < wps);
+            let x = *words.add(w);
+            *words.add(w) = x & (x - 1);
+            let idx = w * 64 + x.trailing_zeros() as usize;
+            let s = self.slabs.get_unchecked_mut(sid as usize);
+            s.live += 1;
+            let addr = s.addr + idx * (class << self.granule_shift);
+            if s.live == *self.slots.get_unchecked(class) {
+                self.slab_filled(ri, class, sid);
+            }
+            Ok(addr)
         }
-        let x = self.bits[base + w];
-        self.bits[base + w] = x & (x - 1);
-        let idx = w * 64 + x.trailing_zeros() as usize;
-        let size = class << self.granule_shift;
-        let s = &mut self.slabs[sid as usize];
-        s.live += 1;
-        let addr = s.addr + idx * size;
-        if s.live == self.slots[class] {
-            let r = &mut self.regions[ri];
-            unlink(&mut self.slabs, &mut r.partial[class], sid);
-            push(&mut self.slabs, &mut r.full, sid);
-            self.slabs[sid as usize].state = state::FULL;
-            r.n_partial -= 1;
-            r.n_full += 1;
-        }
+    }
+
+    #[cold]
+    fn slab_filled(&mut self, ri: usize, class: usize, sid: u32) {
         let r = &mut self.regions[ri];
-        r.objects += 1;
-        r.bytes += size as u64;
-        Ok(addr)
+        unlink(&mut self.slabs, &mut r.partial[class], sid);
+        push(&mut self.slabs, &mut r.full, sid);
+        self.slabs[sid as usize].state = state::FULL;
+        r.n_partial -= 1;
+        r.n_full += 1;
     }
 
     /// Give region `ri` a fresh partial slab for `class`.
@@ -655,8 +675,7 @@ impl RegionAllocator {
         let r = &mut self.regions[ri];
         push(&mut self.slabs, &mut r.spans, head);
         r.n_span_slabs += k as u32;
-        r.objects += 1;
-        r.bytes += (k << self.slab_shift) as u64;
+        r.span_objects += 1;
         Ok(addr)
     }
 
@@ -800,9 +819,44 @@ impl RegionAllocator {
     pub fn free(&mut self, p: NonNull<u8>) -> Result<(), RegionError> {
         let a = p.as_ptr() as usize;
         let sid = self.slab_of(a).ok_or(RegionError::NotOwned(a))?;
-        let s = self.slabs[sid as usize];
+        // SAFETY: `slab_of` gives page index * slabs per page + slab in page,
+        // for a page recorded in the page map; the slab table has
+        // `pages.len() * spp` entries.
+        let s = unsafe { *self.slabs.get_unchecked(sid as usize) };
+        if s.state == state::PARTIAL || s.state == state::FULL {
+            let class = s.class as usize;
+            let off = a - s.addr;
+            // SAFETY: a slab of slots has a class in 1..classes.
+            let (inv, slots) = unsafe { (*self.inv.get_unchecked(class), *self.slots.get_unchecked(class)) };
+            // off / slot size without a division: off * ceil(2^40 / size) >> 40
+            // is exact while off * size < 2^40 (slabs are at most 1 MiB).
+            let idx = ((off as u64 * inv) >> 40) as usize;
+            debug_assert_eq!(idx, off / (class << self.granule_shift));
+            if idx < slots as usize && off == idx * (class << self.granule_shift) {
+                // SAFETY: idx < slots <= 64 * wps, so the word is the slab's own.
+                let word = unsafe { &mut *self.bits.as_mut_ptr().add(sid as usize * self.wps + idx / 64) };
+                let bit = 1u64 << (idx % 64);
+                if *word & bit == 0 {
+                    *word |= bit;
+                    let live = s.live - 1;
+                    // SAFETY: as above.
+                    unsafe { self.slabs.get_unchecked_mut(sid as usize).live = live };
+                    if s.state == state::FULL || live == 0 {
+                        self.slab_changed_list(sid, s, live);
+                    }
+                    self.stats.frees += 1;
+                    return Ok(());
+                }
+            }
+        }
+        self.free_slow(sid, s, a)
+    }
+
+    /// Frees of spanning objects, and every bad free.
+    #[cold]
+    fn free_slow(&mut self, sid: u32, s: Slab, a: usize) -> Result<(), RegionError> {
         match s.state {
-            state::PARTIAL | state::FULL => self.free_small(sid, s, a)?,
+            state::PARTIAL | state::FULL => return Err(self.small_index(sid, s, a).expect_err("the fast path refused it")),
             state::SPAN if a == s.addr => self.free_span(sid, s),
             state::SPAN => {
                 return Err(RegionError::Interior { ptr: a, object: s.addr, region: self.rid(s.region) })
@@ -834,24 +888,18 @@ impl RegionAllocator {
         if word & (1 << (idx % 64)) != 0 {
             return Err(RegionError::NotAllocated { ptr: a, region: self.rid(s.region) });
         }
-        if off % size != 0 {
+        if off != idx * size {
             return Err(RegionError::Interior { ptr: a, object: s.addr + idx * size, region: self.rid(s.region) });
         }
         Ok(idx)
     }
 
-    #[inline]
-    fn free_small(&mut self, sid: u32, s: Slab, a: usize) -> Result<(), RegionError> {
-        let idx = self.small_index(sid, s, a)?;
-        self.bits[sid as usize * self.wps + idx / 64] |= 1 << (idx % 64);
+    /// A free made a full slab partial, or emptied a slab.
+    #[cold]
+    fn slab_changed_list(&mut self, sid: u32, s: Slab, live: u32) {
         let ri = s.region as usize;
         let class = s.class as usize;
-        let size = class << self.granule_shift;
-        let live = s.live - 1;
-        self.slabs[sid as usize].live = live;
         let r = &mut self.regions[ri];
-        r.objects -= 1;
-        r.bytes -= size as u64;
         if s.state == state::FULL {
             unlink(&mut self.slabs, &mut r.full, sid);
             r.n_full -= 1;
@@ -860,14 +908,13 @@ impl RegionAllocator {
                 r.n_partial += 1;
                 self.slabs[sid as usize].state = state::PARTIAL;
             }
-        } else if live == 0 {
+        } else {
             unlink(&mut self.slabs, &mut r.partial[class], sid);
             r.n_partial -= 1;
         }
         if live == 0 {
             self.retire_empty(ri, sid);
         }
-        Ok(())
     }
 
     /// An emptied slab stays with its region up to the high watermark.
@@ -893,8 +940,7 @@ impl RegionAllocator {
         let r = &mut self.regions[ri];
         unlink(&mut self.slabs, &mut r.spans, head);
         r.n_span_slabs -= k as u32;
-        r.objects -= 1;
-        r.bytes -= (k << self.slab_shift) as u64;
+        r.span_objects -= 1;
         self.release_run(s.addr, k);
     }
 
@@ -984,7 +1030,6 @@ impl RegionAllocator {
         self.slabs[head as usize].span = k2 as u32;
         let r = &mut self.regions[ri];
         r.n_span_slabs -= (k - k2) as u32;
-        r.bytes -= ((k - k2) << self.slab_shift) as u64;
         self.release_run(a + (k2 << self.slab_shift), k - k2);
     }
 
@@ -1000,7 +1045,6 @@ impl RegionAllocator {
         self.slabs[head as usize].span = k2 as u32;
         let r = &mut self.regions[ri as usize];
         r.n_span_slabs += (k2 - k) as u32;
-        r.bytes += ((k2 - k) << self.slab_shift) as u64;
     }
 
     /// Allocate `n` objects of `size` bytes in region `rid` in one call.  If
@@ -1044,14 +1088,25 @@ impl RegionAllocator {
     pub fn region_stats(&self, rid: RegionId) -> Result<RegionStats, RegionError> {
         let s = self.slot_of(rid)?;
         let r = &self.regions[s];
+        // Small objects are counted from their slabs (no counter on the fast paths).
+        let (mut objects, mut bytes) = (r.span_objects, (r.n_span_slabs as u64) << self.slab_shift);
+        for &h in r.partial.iter().chain([&r.full]) {
+            let mut x = h;
+            while x != NIL {
+                let sl = &self.slabs[x as usize];
+                objects += sl.live as u64;
+                bytes += sl.live as u64 * self.slot_size(sl.class) as u64;
+                x = sl.next;
+            }
+        }
         Ok(RegionStats {
             id: rid,
             parent: if s == 0 { None } else { Some(self.rid(r.parent)) },
             level_hint: r.level_hint,
             depth: r.depth,
             children: r.children,
-            objects: r.objects,
-            bytes: r.bytes,
+            objects,
+            bytes,
             full_slabs: r.n_full,
             partial_slabs: r.n_partial,
             empty_slabs: r.n_empty,
@@ -1140,7 +1195,6 @@ impl RegionAllocator {
                             if free + s.live != self.slots[c] || s.live == 0 || (want == state::FULL) != (free == 0) {
                                 return Err(format!("slab {:#x}: {} live + {free} free != {} slots", s.addr, s.live, self.slots[c]));
                             }
-                            objs += s.live as u64;
                             if want == state::PARTIAL { np += 1 } else { nf += 1 }
                         }
                         state::EMPTY => ne += 1,
@@ -1168,7 +1222,7 @@ impl RegionAllocator {
             walk(r.full, state::FULL, None)?;
             walk(r.empty, state::EMPTY, None)?;
             walk(r.spans, state::SPAN, None)?;
-            if (np, nf, ne, ns, objs) != (r.n_partial, r.n_full, r.n_empty, r.n_span_slabs, r.objects) {
+            if (np, nf, ne, ns, objs) != (r.n_partial, r.n_full, r.n_empty, r.n_span_slabs, r.span_objects) {
                 return Err(format!("region slot {si}: counters disagree with its lists"));
             }
             if ne as usize > self.cfg.high_watermark {

@@ -77,6 +77,9 @@ impl Config {
                 self.slab_size
             ));
         }
+        if self.slab_size > 1 << 20 {
+            return bad(format!("slab size {} is above 1 MiB", self.slab_size));
+        }
         if self.slab_size / self.granule > 4096 {
             return bad(format!("slab size / granule = {} slots is more than 4096", self.slab_size / self.granule));
         }

@@ -472,8 +472,6 @@ impl RegionAllocator {
                         push(&mut self.slabs, &mut r.partial[class as usize], sid as u32);
                         r.n_partial += 1;
                     }
-                    r.objects += live as u64;
-                    r.bytes += live as u64 * *slot_size as u64;
                 }
                 PackedSlab::Span { addr, slabs, .. } => {
                     for i in 1..*slabs as usize {
@@ -490,8 +488,7 @@ impl RegionAllocator {
                     let r = &mut self.regions[ri];
                     push(&mut self.slabs, &mut r.spans, sid as u32);
                     r.n_span_slabs += slabs;
-                    r.objects += 1;
-                    r.bytes += (*slabs as u64) << self.slab_shift;
+                    r.span_objects += 1;
                 }
             }
         }

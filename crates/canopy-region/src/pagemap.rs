@@ -9,7 +9,7 @@ const LEAF_BITS: u32 = 12;
 #[derive(Debug)]
 pub(crate) struct PageMap {
     shift: u32,
-    top: Vec<Option<Box<[u32]>>>,
+    top: Vec<Option<Box<[u32; 1 << LEAF_BITS]>>>,
 }
 
 impl PageMap {
@@ -39,7 +39,9 @@ impl PageMap {
             debug_assert!(page.is_none(), "address {addr:#x} beyond the page map");
             return;
         };
-        let leaf = slot.get_or_insert_with(|| vec![0u32; 1 << LEAF_BITS].into_boxed_slice());
+        let leaf = slot.get_or_insert_with(|| {
+            vec![0u32; 1 << LEAF_BITS].into_boxed_slice().try_into().expect("leaf of the right length")
+        });
         leaf[n & ((1 << LEAF_BITS) - 1)] = page.map_or(0, |p| p + 1);
     }
 }

@@ -1,0 +1,50 @@
+//! Instructions per allocate+free pair, for `valgrind --tool=callgrind`:
+//! `alloc_cost region|malloc|none SIZE N` allocates N objects of SIZE bytes
+//! and frees them, in rounds of 1000 (in a region, or with Canopy's malloc);
+//! `none` runs the same loop without allocating, to subtract.
+
+use std::hint::black_box;
+use std::ptr::NonNull;
+
+use canopy_region::{RegionAllocator, RegionId};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let mode = args.get(1).map_or("region", String::as_str).to_owned();
+    let size: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(64);
+    let n: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let mut ptrs: Vec<NonNull<u8>> = Vec::with_capacity(1000);
+    let dummy = NonNull::<u8>::dangling();
+    for _ in 0..n / 1000 {
+        match mode.as_str() {
+            "region" => {
+                for _ in 0..1000 {
+                    ptrs.push(ra.alloc(black_box(size), r).unwrap());
+                }
+                for p in ptrs.drain(..) {
+                    ra.free(p).unwrap();
+                }
+            }
+            "malloc" => {
+                for _ in 0..1000 {
+                    ptrs.push(NonNull::new(canopy_alloc::alloc(black_box(size))).unwrap());
+                }
+                for p in ptrs.drain(..) {
+                    // SAFETY: allocated just above, freed once.
+                    unsafe { canopy_alloc::free(p.as_ptr()) };
+                }
+            }
+            _ => {
+                for _ in 0..1000 {
+                    ptrs.push(black_box(dummy));
+                }
+                for p in ptrs.drain(..) {
+                    black_box(p);
+                }
+            }
+        }
+    }
+    println!("{mode} {size} {n} {}", ra.stats().allocs);
+}
