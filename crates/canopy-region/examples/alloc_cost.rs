@@ -1,6 +1,6 @@
 //! Instructions per allocate+free pair, for `valgrind --tool=callgrind`:
 //! `alloc_cost region|malloc|none SIZE N` allocates N objects of SIZE bytes
-//! and frees them, in rounds of 1000 (in a region, or with Canopy's malloc);
+//! and frees them, in rounds of BATCH (4th argument, default 1000) (in a region, or with Canopy's malloc);
 //! `none` runs the same loop without allocating, to subtract.
 
 use std::hint::black_box;
@@ -17,27 +17,36 @@ fn main() {
     let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
     let mut ptrs: Vec<NonNull<u8>> = Vec::with_capacity(1000);
     let dummy = NonNull::<u8>::dangling();
-    for _ in 0..n / 1000 {
+    let batch: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let (mut ta, mut tf) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
+    for _ in 0..n / batch {
+        let t0 = std::time::Instant::now();
         match mode.as_str() {
             "region" => {
-                for _ in 0..1000 {
+                for _ in 0..batch {
                     ptrs.push(ra.alloc(black_box(size), r).unwrap());
                 }
+                ta += t0.elapsed();
+                let t1 = std::time::Instant::now();
                 for p in ptrs.drain(..) {
                     ra.free(p).unwrap();
                 }
+                tf += t1.elapsed();
             }
             "malloc" => {
-                for _ in 0..1000 {
+                for _ in 0..batch {
                     ptrs.push(NonNull::new(canopy_alloc::alloc(black_box(size))).unwrap());
                 }
+                ta += t0.elapsed();
+                let t1 = std::time::Instant::now();
                 for p in ptrs.drain(..) {
                     // SAFETY: allocated just above, freed once.
                     unsafe { canopy_alloc::free(p.as_ptr()) };
                 }
+                tf += t1.elapsed();
             }
             _ => {
-                for _ in 0..1000 {
+                for _ in 0..batch {
                     ptrs.push(black_box(dummy));
                 }
                 for p in ptrs.drain(..) {
@@ -46,5 +55,6 @@ fn main() {
             }
         }
     }
-    println!("{mode} {size} {n} {}", ra.stats().allocs);
+    let per = |t: std::time::Duration| t.as_nanos() as f64 / (n / batch * batch) as f64;
+    println!("{mode} size {size} n {n} batch {batch}: {:.2} ns/alloc {:.2} ns/free", per(ta), per(tf));
 }

@@ -822,10 +822,11 @@ impl RegionAllocator {
         // SAFETY: `slab_of` gives page index * slabs per page + slab in page,
         // for a page recorded in the page map; the slab table has
         // `pages.len() * spp` entries.
-        let s = unsafe { *self.slabs.get_unchecked(sid as usize) };
-        if s.state == state::PARTIAL || s.state == state::FULL {
+        let s = unsafe { &mut *self.slabs.as_mut_ptr().add(sid as usize) };
+        let st = s.state;
+        if st == state::PARTIAL || st == state::FULL {
             let class = s.class as usize;
-            let off = a - s.addr;
+            let off = a.wrapping_sub(s.addr);
             // SAFETY: a slab of slots has a class in 1..classes.
             let (inv, slots) = unsafe { (*self.inv.get_unchecked(class), *self.slots.get_unchecked(class)) };
             // off / slot size without a division: off * ceil(2^40 / size) >> 40
@@ -838,17 +839,18 @@ impl RegionAllocator {
                 let bit = 1u64 << (idx % 64);
                 if *word & bit == 0 {
                     *word |= bit;
-                    let live = s.live - 1;
-                    // SAFETY: as above.
-                    unsafe { self.slabs.get_unchecked_mut(sid as usize).live = live };
-                    if s.state == state::FULL || live == 0 {
-                        self.slab_changed_list(sid, s, live);
-                    }
+                    s.live -= 1;
+                    let live = s.live;
                     self.stats.frees += 1;
+                    if st == state::FULL || live == 0 {
+                        let copy = *s;
+                        self.slab_changed_list(sid, copy, live);
+                    }
                     return Ok(());
                 }
             }
         }
+        let s = *s;
         self.free_slow(sid, s, a)
     }
 
