@@ -132,6 +132,11 @@ pub(crate) struct Region {
     pub(crate) key: u64,
     /// Address just past the slabs this region took last: where it grows next.
     pub(crate) hint: usize,
+    /// Every range of slabs this region has taken (Myrmics' used ranges), in
+    /// the order taken, neighbours merged.  Slabs that left the region since
+    /// are skipped when it is freed; the list is rebuilt when it grows to
+    /// twice the slabs the region holds.
+    pub(crate) owned: Vec<(usize, usize)>,
 }
 
 impl Region {
@@ -161,6 +166,7 @@ impl Region {
             span_objects: 0,
             key: 0,
             hint: 0,
+            owned: Vec::new(),
         }
     }
 
@@ -249,7 +255,6 @@ pub struct RegionAllocator {
     pub(crate) regions: Vec<Region>,
     free_slots: Vec<u32>,
     reclaim_cursor: usize,
-    scratch: Vec<(usize, usize)>,
     pub(crate) stats: AllocatorStats,
 }
 
@@ -326,7 +331,6 @@ impl RegionAllocator {
             regions: vec![root],
             free_slots: Vec::new(),
             reclaim_cursor: 0,
-            scratch: Vec::new(),
             stats: AllocatorStats { regions: 1, ..Default::default() },
             source,
             cfg,
@@ -432,6 +436,7 @@ impl RegionAllocator {
             r.n_span_slabs = 0;
             r.span_objects = 0;
             r.hint = 0;
+            r.owned.clear();
         }
         let key = self.regions[slot].id(slot).get();
         self.regions[slot].key = key;
@@ -492,49 +497,100 @@ impl RegionAllocator {
         r.next_sib = NIL;
     }
 
-    /// Give every slab of region `s` back to the free ranges.
+    /// Give every slab of region `s` back to the free ranges: one pass over
+    /// the ranges it took, in address order within each, merging neighbours
+    /// on the fly (time in proportion to its slabs, no sorting).
     fn release_region_memory(&mut self, s: usize) {
-        let mut runs = core::mem::take(&mut self.scratch);
-        runs.clear();
-        let mut heads: Vec<u32> = Vec::new();
-        {
+        let owned = {
             let r = &mut self.regions[s];
-            for h in r.partial.iter_mut() {
-                if *h != NIL {
-                    heads.push(*h);
-                    *h = NIL;
-                }
-            }
-            for h in [&mut r.full, &mut r.empty, &mut r.spans] {
-                if *h != NIL {
-                    heads.push(*h);
-                    *h = NIL;
-                }
-            }
+            r.partial.iter_mut().for_each(|h| *h = NIL);
+            r.full = NIL;
+            r.empty = NIL;
+            r.spans = NIL;
             r.n_partial = 0;
             r.n_full = 0;
             r.n_empty = 0;
             r.n_span_slabs = 0;
             r.span_objects = 0;
-        }
-        for mut x in heads {
-            while x != NIL {
-                let sl = self.slabs[x as usize];
-                debug_assert!(sl.region == s as u32 && sl.state != state::FREE && sl.state != state::BODY);
-                let n = if sl.state == state::SPAN { sl.span as usize } else { 1 };
-                for i in 0..n {
-                    let b = if i == 0 { x } else { self.slab_of(sl.addr + (i << self.slab_shift)).expect("span body") };
-                    self.slabs[b as usize] = Slab::free_at(self.slabs[b as usize].addr);
+            core::mem::take(&mut r.owned)
+        };
+        let me = s as u32;
+        let mut run: Option<(usize, usize)> = None;
+        for &(addr, n) in &owned {
+            let mut i = 0;
+            while i < n {
+                // One page-map lookup per page; slab indices are consecutive within a page.
+                let a0 = addr + (i << self.slab_shift);
+                let first = self.slab_of(a0).expect("owned slab is mapped") as usize;
+                let in_page = (self.spp - first % self.spp).min(n - i);
+                for k in 0..in_page {
+                    let sl = &mut self.slabs[first + k];
+                    let a = a0 + (k << self.slab_shift);
+                    if sl.region == me && sl.state != state::FREE {
+                        *sl = Slab::free_at(a);
+                        run = match run {
+                            Some((ra, rn)) if ra + (rn << self.slab_shift) == a => Some((ra, rn + 1)),
+                            Some((ra, rn)) => {
+                                self.free.insert(ra, rn);
+                                Some((a, 1))
+                            }
+                            None => Some((a, 1)),
+                        };
+                    } else if let Some((ra, rn)) = run.take() {
+                        self.free.insert(ra, rn);
+                    }
                 }
-                runs.push((sl.addr, n));
-                x = sl.next;
+                i += in_page;
             }
         }
-        runs.sort_unstable();
-        for &(a, n) in &runs {
-            self.free.insert(a, n);
+        if let Some((ra, rn)) = run {
+            self.free.insert(ra, rn);
         }
-        self.scratch = runs;
+        let mut owned = owned;
+        owned.clear();
+        self.regions[s].owned = owned;
+    }
+
+    /// Record that region `ri` took `n` slabs at `addr`.
+    pub(crate) fn note_owned(&mut self, ri: usize, addr: usize, n: usize) {
+        let shift = self.slab_shift;
+        let r = &mut self.regions[ri];
+        match r.owned.last_mut() {
+            Some((a, k)) if *a + (*k << shift) == addr => *k += n,
+            _ => r.owned.push((addr, n)),
+        }
+        let held = (r.n_partial + r.n_full + r.n_empty + r.n_span_slabs) as usize + n;
+        if r.owned.len() > 64 && r.owned.len() > 2 * held {
+            self.rebuild_owned(ri);
+        }
+    }
+
+    /// Rebuild region `ri`'s owned ranges from its lists (amortised: runs
+    /// only after the list doubled).
+    #[cold]
+    fn rebuild_owned(&mut self, ri: usize) {
+        let mut v: Vec<(usize, usize)> = Vec::new();
+        let me = ri as u32;
+        for &(addr, n) in &self.regions[ri].owned {
+            for i in 0..n {
+                let a = addr + (i << self.slab_shift);
+                let sid = self.slab_of(a).expect("owned slab is mapped") as usize;
+                let sl = &self.slabs[sid];
+                if sl.region == me && sl.state != state::FREE {
+                    v.push((a, 1));
+                }
+            }
+        }
+        v.sort_unstable();
+        v.dedup();
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(v.len().min(64));
+        for (a, n) in v {
+            match merged.last_mut() {
+                Some((ma, mn)) if *ma + (*mn << self.slab_shift) == a => *mn += n,
+                _ => merged.push((a, n)),
+            }
+        }
+        self.regions[ri].owned = merged;
     }
 
     // -----------------------------------------------------------------
@@ -698,6 +754,7 @@ impl RegionAllocator {
             }
         };
         self.regions[ri].hint = addr + (got << self.slab_shift);
+        self.note_owned(ri, addr, got);
         Ok((addr, got))
     }
 
@@ -1015,6 +1072,7 @@ impl RegionAllocator {
                 let end = a + cap;
                 if self.free.contains(end, k2 - k) && self.free.take_exact(end, k2 - k) {
                     self.grow_span(a, k, k2);
+                    self.note_owned(ti, end, k2 - k);
                     return Ok(p);
                 }
             }
@@ -1175,6 +1233,11 @@ impl RegionAllocator {
                 }
                 continue;
             }
+            let covered: std::collections::BTreeSet<usize> = r
+                .owned
+                .iter()
+                .flat_map(|&(a, n)| (0..n).map(move |i| a + (i << self.slab_shift)))
+                .collect();
             let (mut np, mut nf, mut ne, mut ns, mut objs) = (0u32, 0u32, 0u32, 0u32, 0u64);
             let mut walk = |head: u32, want: u8, class: Option<usize>| -> Result<(), String> {
                 let (mut x, mut prev) = (head, NIL);
@@ -1184,6 +1247,9 @@ impl RegionAllocator {
                         return Err(format!("slab {:#x} is on two lists", s.addr));
                     }
                     seen[x as usize] = true;
+                    if !covered.contains(&s.addr) {
+                        return Err(format!("slab {:#x} of region slot {si} is not in its owned ranges", s.addr));
+                    }
                     if s.state != want || s.region != si as u32 || s.prev != prev {
                         return Err(format!("slab {:#x}: state {} region {} on a list of state {want} of region {si}", s.addr, s.state, s.region));
                     }
@@ -1206,7 +1272,7 @@ impl RegionAllocator {
                             for i in 1..s.span as usize {
                                 let b = self.slab_of(s.addr + (i << self.slab_shift)).ok_or("span body unmapped")?;
                                 let bs = &self.slabs[b as usize];
-                                if bs.state != state::BODY || bs.span != x || seen[b as usize] {
+                                if bs.state != state::BODY || bs.span != x || seen[b as usize] || !covered.contains(&bs.addr) {
                                     return Err(format!("span body {:#x} of {:#x} is wrong", bs.addr, s.addr));
                                 }
                                 seen[b as usize] = true;

@@ -445,6 +445,7 @@ impl RegionAllocator {
         // Slabs.
         for s in &packed.slabs {
             let ri = s.region().slot();
+            self.note_owned(ri, s.addr(), s.slabs());
             let sid = self.slab_of(s.addr()).expect("claimed") as usize;
             match s {
                 PackedSlab::Slots { slot_size, allocated, .. } => {
