@@ -36,6 +36,10 @@
 //! # Ok::<(), canopy_region::RegionError>(())
 //! ```
 //!
+//! [`Regions`] is a safe, typed front end: `alloc(r, value) -> &mut T`
+//! through `&self`, and `free_region` through `&mut self`, so the borrow
+//! checker proves that no reference outlives its region.
+//!
 //! Bad calls are refused with a [`RegionError`] that says what was wrong and
 //! change nothing: a pointer no region owns, an object freed twice, an
 //! interior pointer, an unknown or freed region (ids carry a generation, so
@@ -53,12 +57,14 @@ mod pack;
 mod pagemap;
 mod ranges;
 mod source;
+mod typed;
 
 pub use allocator::{AllocatorStats, RegionAllocator, RegionId, RegionStats};
 pub use config::Config;
 pub use error::RegionError;
 pub use pack::{Packed, PackedRegion, PackedSlab, Run};
 pub use source::{FixedRange, GlobalHeap, PageSource};
+pub use typed::Regions;
 
 #[cfg(test)]
 mod tests;
