@@ -292,7 +292,12 @@ struct RegionFragArgs {
     #[arg(long, default_value_t = 2013)]
     seed: u64,
     /// Parts to run, comma-separated (a, b, c)
-    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "a,b,c")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "a,b,c"
+    )]
     parts: Vec<String>,
 }
 
@@ -763,7 +768,17 @@ mod tests {
 
     #[test]
     fn region_benches_parse() {
-        let cli = Cli::try_parse_from(["canopy", "bench", "region-frag", "--quick", "--parts", "a,c", "--steps", "500"]).unwrap();
+        let cli = Cli::try_parse_from([
+            "canopy",
+            "bench",
+            "region-frag",
+            "--quick",
+            "--parts",
+            "a,c",
+            "--steps",
+            "500",
+        ])
+        .unwrap();
         let Cmd::Bench {
             experiment: Experiment::RegionFrag(a),
         } = cli.cmd

@@ -68,7 +68,12 @@ pub struct FragOptions {
 
 impl Default for FragOptions {
     fn default() -> Self {
-        FragOptions { steps: None, seed: 2013, samples: 400, parts: vec!["a".into(), "b".into(), "c".into()] }
+        FragOptions {
+            steps: None,
+            seed: 2013,
+            samples: 400,
+            parts: vec!["a".into(), "b".into(), "c".into()],
+        }
     }
 }
 
@@ -96,9 +101,24 @@ pub struct Part {
 
 /// The three parts of Fig. 4.
 pub const PARTS: [Part; 3] = [
-    Part { key: "a", title: "(a) 192 B objects, 60% allocs, 40% frees", sizes: &[192], phases: &[0.6] },
-    Part { key: "b", title: "(b) 192 B objects, varying probabilities", sizes: &[192], phases: &PHASES },
-    Part { key: "c", title: "(c) 6 object sizes, varying probabilities", sizes: &SIX_SIZES, phases: &PHASES },
+    Part {
+        key: "a",
+        title: "(a) 192 B objects, 60% allocs, 40% frees",
+        sizes: &[192],
+        phases: &[0.6],
+    },
+    Part {
+        key: "b",
+        title: "(b) 192 B objects, varying probabilities",
+        sizes: &[192],
+        phases: &PHASES,
+    },
+    Part {
+        key: "c",
+        title: "(c) 6 object sizes, varying probabilities",
+        sizes: &SIX_SIZES,
+        phases: &PHASES,
+    },
 ];
 
 /// The state of the region at one moment.
@@ -270,7 +290,15 @@ struct Model {
 impl Model {
     fn new(slab: usize, granule: usize) -> Model {
         let classes = slab / granule + 1;
-        Model { slab, granule, slabs: HashMap::new(), partial: vec![0; classes], holes: vec![0; classes], full: 0, span: 0 }
+        Model {
+            slab,
+            granule,
+            slabs: HashMap::new(),
+            partial: vec![0; classes],
+            holes: vec![0; classes],
+            full: 0,
+            span: 0,
+        }
     }
 
     fn class(&self, size: usize) -> Option<usize> {
@@ -326,7 +354,10 @@ impl Model {
         };
         let slots = self.slots(c);
         let key = addr & !(self.slab - 1);
-        let e = self.slabs.get_mut(&key).expect("the model knows every live object's slab");
+        let e = self
+            .slabs
+            .get_mut(&key)
+            .expect("the model knows every live object's slab");
         let live = e.1;
         e.1 -= 1;
         if live == slots {
@@ -379,7 +410,9 @@ pub fn run_part(part: &Part, steps: usize, seed: u64, samples: usize) -> Result<
     let mut ra = RegionAllocator::new();
     let slab = ra.config().slab_size;
     let granule = ra.config().granule;
-    let rid = ra.ralloc(RegionId::ROOT, 0).map_err(|e| anyhow!("ralloc: {e}"))?;
+    let rid = ra
+        .ralloc(RegionId::ROOT, 0)
+        .map_err(|e| anyhow!("ralloc: {e}"))?;
     let mut rng = Rng::new(seed ^ ((part.key.as_bytes()[0] as u64) << 56));
     let mut model = Model::new(slab, granule);
     let mut live: Vec<(NonNull<u8>, usize)> = Vec::new();
@@ -389,11 +422,15 @@ pub fn run_part(part: &Part, steps: usize, seed: u64, samples: usize) -> Result<
     let mut out = Vec::with_capacity(samples + 2);
     let mut partial_trace: Vec<u32> = Vec::with_capacity(steps);
     let mut in_use_trace: Vec<u64> = Vec::with_capacity(steps);
-    let (mut allocs, mut frees, mut with_holes, mut violations, mut mismatches) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut allocs, mut frees, mut with_holes, mut violations, mut mismatches) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
     let (mut peak_req, mut peak_in_use, mut peak_partial) = (0u64, 0u64, 0u32);
     let mut at_peak = None;
     let mut phase_rows: Vec<PhaseRow> = Vec::new();
-    let stats = |ra: &RegionAllocator| ra.region_stats(rid).map_err(|e| anyhow!("region_stats: {e}"));
+    let stats = |ra: &RegionAllocator| {
+        ra.region_stats(rid)
+            .map_err(|e| anyhow!("region_stats: {e}"))
+    };
     out.push(Sample::of(0, 0, &stats(&ra)?));
     let t0 = Instant::now();
     for step in 0..steps {
@@ -416,7 +453,9 @@ pub fn run_part(part: &Part, steps: usize, seed: u64, samples: usize) -> Result<
         let row = phase_rows.last_mut().expect("pushed above");
         if live.is_empty() || rng.chance(part.phases[ph]) {
             let size = part.sizes[rng.below(part.sizes.len())];
-            let p = ra.alloc(size, rid).map_err(|e| anyhow!("alloc({size}) at step {step}: {e}"))?;
+            let p = ra
+                .alloc(size, rid)
+                .map_err(|e| anyhow!("alloc({size}) at step {step}: {e}"))?;
             let (had_holes, existing) = model.alloc(p.as_ptr() as usize, size);
             if size <= slab {
                 if had_holes {
@@ -438,7 +477,8 @@ pub fn run_part(part: &Part, steps: usize, seed: u64, samples: usize) -> Result<
             row.allocs += 1;
         } else {
             let (p, size) = live.swap_remove(rng.below(live.len()));
-            ra.free(p).map_err(|e| anyhow!("free at step {step}: {e}"))?;
+            ra.free(p)
+                .map_err(|e| anyhow!("free at step {step}: {e}"))?;
             model.free(p.as_ptr() as usize, size);
             requested -= size as u64;
             frees += 1;
@@ -466,14 +506,23 @@ pub fn run_part(part: &Part, steps: usize, seed: u64, samples: usize) -> Result<
     let seconds = t0.elapsed().as_secs_f64();
     let end = *out.last().expect("at least the first sample");
     if let Err(e) = ra.check() {
-        anyhow::bail!("region allocator invariants broken after part {}: {e}", part.key);
+        anyhow::bail!(
+            "region allocator invariants broken after part {}: {e}",
+            part.key
+        );
     }
     let mut sorted = partial_trace.clone();
     sorted.sort_unstable();
-    let p99 = sorted.get((sorted.len() * 99 / 100).min(sorted.len().saturating_sub(1))).copied().unwrap_or(0);
+    let p99 = sorted
+        .get((sorted.len() * 99 / 100).min(sorted.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(0);
     let q = steps / 4;
     let (mq1, mq4) = (mean(&partial_trace[..q]), mean(&partial_trace[steps - q..]));
-    let (uq1, uq4) = (mean_u64(&in_use_trace[..q]), mean_u64(&in_use_trace[steps - q..]));
+    let (uq1, uq4) = (
+        mean_u64(&in_use_trace[..q]),
+        mean_u64(&in_use_trace[steps - q..]),
+    );
     let mean_partial = mean(&partial_trace);
     let slab_u = slab as u64;
     let mut criteria = Vec::new();
@@ -522,8 +571,12 @@ pub fn run_part(part: &Part, steps: usize, seed: u64, samples: usize) -> Result<
         mean_in_use_first_quarter: uq1,
         mean_in_use_last_quarter: uq4,
         slab_bytes_per_requested_end: ratio(end.in_use() * slab_u, end.requested),
-        slab_bytes_with_empty_per_requested_end: ratio((end.in_use() + end.empty as u64) * slab_u, end.requested),
-        slab_bytes_per_requested_at_peak: at_peak.and_then(|s| ratio(s.in_use() * slab_u, s.requested)),
+        slab_bytes_with_empty_per_requested_end: ratio(
+            (end.in_use() + end.empty as u64) * slab_u,
+            end.requested,
+        ),
+        slab_bytes_per_requested_at_peak: at_peak
+            .and_then(|s| ratio(s.in_use() * slab_u, s.requested)),
         allocs_with_holes: with_holes,
         hole_first_violations: violations,
         model_mismatches: mismatches,
@@ -536,7 +589,10 @@ pub fn run_part(part: &Part, steps: usize, seed: u64, samples: usize) -> Result<
 
 /// Run the experiment.
 pub fn run(common: &RegionCommon, opts: &FragOptions) -> Result<Finished> {
-    let parts: Vec<&Part> = PARTS.iter().filter(|p| opts.parts.iter().any(|k| k == p.key)).collect();
+    let parts: Vec<&Part> = PARTS
+        .iter()
+        .filter(|p| opts.parts.iter().any(|k| k == p.key))
+        .collect();
     anyhow::ensure!(!parts.is_empty(), "no part selected (known: a, b, c)");
     let machine = Machine::describe();
     let steps = opts.steps.unwrap_or_else(|| steps_for(common.size)).max(16);
@@ -550,7 +606,9 @@ pub fn run(common: &RegionCommon, opts: &FragOptions) -> Result<Finished> {
     pb.finish_and_clear();
     let cfg = canopy_region::Config::default();
     let markdown = markdown(&results, steps, opts.seed, common.size, &machine, &cfg);
-    let svg = render(&results).map_err(|e| eprintln!("warning: {e:#}")).ok();
+    let svg = render(&results)
+        .map_err(|e| eprintln!("warning: {e:#}"))
+        .ok();
     let failures: Vec<String> = results
         .iter()
         .flat_map(|r| {
@@ -570,12 +628,23 @@ pub fn run(common: &RegionCommon, opts: &FragOptions) -> Result<Finished> {
         machine,
         contenders: Vec::new(),
         skipped: Vec::new(),
-        summary: FragSummary { seed: opts.seed, steps, slab_size: cfg.slab_size, granule: cfg.granule, parts: results },
+        summary: FragSummary {
+            seed: opts.seed,
+            steps,
+            slab_size: cfg.slab_size,
+            granule: cfg.granule,
+            parts: results,
+        },
         runs: Vec::new(),
         failures: failures.clone(),
     };
     let written = report::write_all(&common.results_dir, &report, &markdown, svg.as_deref())?;
-    Ok(Finished { name: "region-frag".into(), markdown, written, failures })
+    Ok(Finished {
+        name: "region-frag".into(),
+        markdown,
+        written,
+        failures,
+    })
 }
 
 fn opt_ratio(r: Option<f64>) -> String {
@@ -644,7 +713,13 @@ fn markdown(
     let mut t = Table::new(["part", "target", "rule", "measured", "verdict"]);
     for r in results {
         for c in &r.criteria {
-            t.row([r.part.clone(), c.name.clone(), c.rule.clone(), c.measured.clone(), verdict(c.met).to_string()]);
+            t.row([
+                r.part.clone(),
+                c.name.clone(),
+                c.rule.clone(),
+                c.measured.clone(),
+                verdict(c.met).to_string(),
+            ]);
         }
     }
     md.push_str(&t.render());
@@ -672,7 +747,8 @@ fn markdown(
                 p.frees.to_string(),
                 p.holes_at_start.to_string(),
                 p.partial_at_start.to_string(),
-                p.allocs_before_new_slab.map_or_else(|| "none taken".into(), |n| n.to_string()),
+                p.allocs_before_new_slab
+                    .map_or_else(|| "none taken".into(), |n| n.to_string()),
                 p.new_slabs.to_string(),
                 fmt_bytes(p.end.requested),
                 p.end.full.to_string(),
@@ -716,7 +792,10 @@ pub fn render(results: &[PartResult]) -> Result<String> {
         let root = SVGBackend::with_string(&mut svg, (w, h)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
         let root = root
-            .titled("Fragmentation in one region (paper 002, Fig. 4): requested bytes vs. slabs", ("sans-serif", 20))
+            .titled(
+                "Fragmentation in one region (paper 002, Fig. 4): requested bytes vs. slabs",
+                ("sans-serif", 20),
+            )
             .map_err(err)?;
         let (legend, body) = root.split_vertically(30);
         let items: [(&str, RGBColor); 5] = [
@@ -728,8 +807,16 @@ pub fn render(results: &[PartResult]) -> Result<String> {
         ];
         let mut x = 60;
         for (name, c) in items {
-            legend.draw(&Rectangle::new([(x, 8), (x + 12, 20)], c.filled())).map_err(err)?;
-            legend.draw(&Text::new(name, (x + 17, 7), ("sans-serif", 13).into_font())).map_err(err)?;
+            legend
+                .draw(&Rectangle::new([(x, 8), (x + 12, 20)], c.filled()))
+                .map_err(err)?;
+            legend
+                .draw(&Text::new(
+                    name,
+                    (x + 17, 7),
+                    ("sans-serif", 13).into_font(),
+                ))
+                .map_err(err)?;
             x += 40 + 7 * name.len() as i32;
         }
         let (top, bottom) = body.split_vertically(500);
@@ -739,7 +826,14 @@ pub fn render(results: &[PartResult]) -> Result<String> {
             let xmax = r.steps.max(1) as f64;
             let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
             let ymax = (mib(r.peak_requested) * 1.1).max(0.01);
-            let smax = r.samples.iter().map(|s| s.full.max(s.partial).max(s.span)).max().unwrap_or(1).max(1) as f64 * 1.1;
+            let smax = r
+                .samples
+                .iter()
+                .map(|s| s.full.max(s.partial).max(s.span))
+                .max()
+                .unwrap_or(1)
+                .max(1) as f64
+                * 1.1;
             let mut cc = ChartBuilder::on(&tops[i])
                 .caption(&r.title, ("sans-serif", 15))
                 .margin(8)
@@ -757,21 +851,51 @@ pub fn render(results: &[PartResult]) -> Result<String> {
                 .y_desc("requested MiB")
                 .draw()
                 .map_err(err)?;
-            cc.configure_secondary_axes().y_desc("slabs").draw().map_err(err)?;
-            let pts = |f: &dyn Fn(&Sample) -> f64| r.samples.iter().map(|s| (s.step as f64, f(s))).collect::<Vec<_>>();
-            cc.draw_series(std::iter::once(PathElement::new(pts(&|s| mib(s.requested)), GREY.stroke_width(3))))
+            cc.configure_secondary_axes()
+                .y_desc("slabs")
+                .draw()
                 .map_err(err)?;
-            cc.draw_secondary_series(std::iter::once(PathElement::new(pts(&|s| s.full as f64), FULL_C.stroke_width(2))))
-                .map_err(err)?;
-            cc.draw_secondary_series(std::iter::once(PathElement::new(pts(&|s| s.partial as f64), PARTIAL_C.stroke_width(2))))
-                .map_err(err)?;
+            let pts = |f: &dyn Fn(&Sample) -> f64| {
+                r.samples
+                    .iter()
+                    .map(|s| (s.step as f64, f(s)))
+                    .collect::<Vec<_>>()
+            };
+            cc.draw_series(std::iter::once(PathElement::new(
+                pts(&|s| mib(s.requested)),
+                GREY.stroke_width(3),
+            )))
+            .map_err(err)?;
+            cc.draw_secondary_series(std::iter::once(PathElement::new(
+                pts(&|s| s.full as f64),
+                FULL_C.stroke_width(2),
+            )))
+            .map_err(err)?;
+            cc.draw_secondary_series(std::iter::once(PathElement::new(
+                pts(&|s| s.partial as f64),
+                PARTIAL_C.stroke_width(2),
+            )))
+            .map_err(err)?;
             if r.samples.iter().any(|s| s.span > 0) {
-                cc.draw_secondary_series(std::iter::once(PathElement::new(pts(&|s| s.span as f64), SPAN_C.stroke_width(2))))
-                    .map_err(err)?;
+                cc.draw_secondary_series(std::iter::once(PathElement::new(
+                    pts(&|s| s.span as f64),
+                    SPAN_C.stroke_width(2),
+                )))
+                .map_err(err)?;
             }
-            let pmax = r.samples.iter().map(|s| s.partial.max(s.empty)).max().unwrap_or(1).max(1) as f64 * 1.15;
+            let pmax = r
+                .samples
+                .iter()
+                .map(|s| s.partial.max(s.empty))
+                .max()
+                .unwrap_or(1)
+                .max(1) as f64
+                * 1.15;
             let mut cb = ChartBuilder::on(&bottoms[i])
-                .caption(format!("part {}: partial and empty slabs", r.part), ("sans-serif", 13))
+                .caption(
+                    format!("part {}: partial and empty slabs", r.part),
+                    ("sans-serif", 13),
+                )
                 .margin(8)
                 .x_label_area_size(28)
                 .y_label_area_size(50)
@@ -795,10 +919,16 @@ pub fn render(results: &[PartResult]) -> Result<String> {
                 });
                 cb.draw_series(bounds).map_err(err)?;
             }
-            cb.draw_series(std::iter::once(PathElement::new(pts(&|s| s.empty as f64), EMPTY_C.stroke_width(1))))
-                .map_err(err)?;
-            cb.draw_series(std::iter::once(PathElement::new(pts(&|s| s.partial as f64), PARTIAL_C.stroke_width(2))))
-                .map_err(err)?;
+            cb.draw_series(std::iter::once(PathElement::new(
+                pts(&|s| s.empty as f64),
+                EMPTY_C.stroke_width(1),
+            )))
+            .map_err(err)?;
+            cb.draw_series(std::iter::once(PathElement::new(
+                pts(&|s| s.partial as f64),
+                PARTIAL_C.stroke_width(2),
+            )))
+            .map_err(err)?;
         }
         root.present().map_err(err)?;
     }

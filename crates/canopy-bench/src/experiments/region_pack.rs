@@ -51,7 +51,10 @@ pub struct PackOptions {
 
 impl Default for PackOptions {
     fn default() -> Self {
-        PackOptions { bodies: None, seed: 2013 }
+        PackOptions {
+            bodies: None,
+            seed: 2013,
+        }
     }
 }
 
@@ -147,10 +150,24 @@ fn time<T>(f: impl FnOnce() -> T) -> (T, f64) {
 }
 
 /// Allocate a list node in `rid` holding `value`, linked before `head`.
-fn push_node(ra: &mut RegionAllocator, rid: RegionId, value: u64, head: *mut Node) -> Result<*mut Node> {
-    let p = ra.alloc(std::mem::size_of::<Node>(), rid).map_err(e)?.as_ptr() as *mut Node;
+fn push_node(
+    ra: &mut RegionAllocator,
+    rid: RegionId,
+    value: u64,
+    head: *mut Node,
+) -> Result<*mut Node> {
+    let p = ra
+        .alloc(std::mem::size_of::<Node>(), rid)
+        .map_err(e)?
+        .as_ptr() as *mut Node;
     // SAFETY: p is a fresh, slot-aligned (64 B) object of 64 bytes.
-    unsafe { p.write(Node { next: head, value, pad: [0; 6] }) };
+    unsafe {
+        p.write(Node {
+            next: head,
+            value,
+            pad: [0; 6],
+        })
+    };
     Ok(p)
 }
 
@@ -169,6 +186,10 @@ fn walk_list(mut p: *mut Node, runs: &mut Vec<(usize, usize)>) -> (u64, u64) {
     (n, s)
 }
 
+/// A walk of a structure that collects one run per object and returns the
+/// objects it found (0 when the contents are wrong).
+type Walk<'a> = dyn FnMut(&mut Vec<(usize, usize)>) -> u64 + 'a;
+
 /// Time `pack_runs`, `pack`, `encode` and a walk, `reps` times interleaved.
 fn measure(
     ra: &RegionAllocator,
@@ -177,7 +198,7 @@ fn measure(
     objects: u64,
     object_size: usize,
     reps: usize,
-    walk: &mut dyn FnMut(&mut Vec<(usize, usize)>) -> u64,
+    walk: &mut Walk<'_>,
 ) -> Result<PackRow> {
     let (mut tr, mut tp, mut te, mut tw) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut runs = Vec::new();
@@ -236,7 +257,15 @@ fn list_rows(reps: usize) -> Result<Vec<PackRow>> {
             0
         }
     };
-    rows.push(measure(&ra, rid, format!("list, {LIST_NODES} x 64 B nodes, fresh region"), LIST_NODES as u64, 64, reps, &mut walk)?);
+    rows.push(measure(
+        &ra,
+        rid,
+        format!("list, {LIST_NODES} x 64 B nodes, fresh region"),
+        LIST_NODES as u64,
+        64,
+        reps,
+        &mut walk,
+    )?);
 
     // Free every other node (relinking the rest): holes in every slab.
     let mut p = head;
@@ -263,7 +292,15 @@ fn list_rows(reps: usize) -> Result<Vec<PackRow>> {
             0
         }
     };
-    rows.push(measure(&ra, rid, "the same list after freeing every other node".into(), kept, 64, reps, &mut walk)?);
+    rows.push(measure(
+        &ra,
+        rid,
+        "the same list after freeing every other node".into(),
+        kept,
+        64,
+        reps,
+        &mut walk,
+    )?);
     drop(ra);
 
     let mut ra = RegionAllocator::new();
@@ -308,18 +345,37 @@ impl Tree {
         while self.levels.len() <= d {
             let parent = self.levels.last().copied().unwrap_or(RegionId::ROOT);
             let k = self.levels.len();
-            self.levels.push(self.ra.ralloc(parent, k as i32).map_err(e)?);
+            self.levels
+                .push(self.ra.ralloc(parent, k as i32).map_err(e)?);
             self.per_level.push(0);
         }
         Ok(self.levels[d])
     }
 
-    fn cell(&mut self, d: usize, center: [f64; 3], half: f64, body: Option<[f64; 3]>) -> Result<*mut Cell> {
+    fn cell(
+        &mut self,
+        d: usize,
+        center: [f64; 3],
+        half: f64,
+        body: Option<[f64; 3]>,
+    ) -> Result<*mut Cell> {
         let rid = self.level(d)?;
-        let p = self.ra.alloc(std::mem::size_of::<Cell>(), rid).map_err(e)?.as_ptr() as *mut Cell;
+        let p = self
+            .ra
+            .alloc(std::mem::size_of::<Cell>(), rid)
+            .map_err(e)?
+            .as_ptr() as *mut Cell;
         let (com, mass) = body.map_or(([0.0; 3], 0.0), |b| (b, 1.0));
         // SAFETY: p is a fresh, 128-B-aligned object of 128 bytes.
-        unsafe { p.write(Cell { child: [ptr::null_mut(); 8], center, half, com, mass }) };
+        unsafe {
+            p.write(Cell {
+                child: [ptr::null_mut(); 8],
+                center,
+                half,
+                com,
+                mass,
+            })
+        };
         self.per_level[d] += 1;
         Ok(p)
     }
@@ -406,7 +462,12 @@ impl Tree {
 }
 
 fn tree_rows(bodies: usize, seed: u64, reps: usize) -> Result<(Vec<PackRow>, Vec<u64>)> {
-    let mut t = Tree { ra: RegionAllocator::new(), levels: Vec::new(), root: ptr::null_mut(), per_level: Vec::new() };
+    let mut t = Tree {
+        ra: RegionAllocator::new(),
+        levels: Vec::new(),
+        root: ptr::null_mut(),
+        per_level: Vec::new(),
+    };
     t.root = t.cell(0, [0.5; 3], 0.5, None)?;
     let mut rng = Rng::new(seed);
     for _ in 0..bodies {
@@ -419,18 +480,33 @@ fn tree_rows(bodies: usize, seed: u64, reps: usize) -> Result<(Vec<PackRow>, Vec
     let mut rows = Vec::new();
     let levels = t.levels.len();
     let mut froms = vec![0usize];
-    froms.extend((1..levels).filter(|k| k % 2 == 0 || *k + 2 >= levels).filter(|&k| t.per_level[k..].iter().sum::<u64>() > 0));
+    froms.extend(
+        (1..levels)
+            .filter(|k| k % 2 == 0 || *k + 2 >= levels)
+            .filter(|&k| t.per_level[k..].iter().sum::<u64>() > 0),
+    );
     froms.dedup();
     for from in froms {
         let objects: u64 = t.per_level[from..].iter().sum();
         let label = if from == 0 {
             format!("oct-tree, {bodies} bodies: all {levels} levels (level-0 region and its descendants)")
         } else {
-            format!("oct-tree: levels {from}..{} (level-{from} region and its descendants)", levels - 1)
+            format!(
+                "oct-tree: levels {from}..{} (level-{from} region and its descendants)",
+                levels - 1
+            )
         };
         let tree = &t;
         let mut walk = |runs: &mut Vec<(usize, usize)>| tree.walk(from, runs).0;
-        rows.push(measure(&t.ra, t.levels[from], label, objects, 128, reps, &mut walk)?);
+        rows.push(measure(
+            &t.ra,
+            t.levels[from],
+            label,
+            objects,
+            128,
+            reps,
+            &mut walk,
+        )?);
     }
     Ok((rows, t.per_level.clone()))
 }
@@ -438,9 +514,14 @@ fn tree_rows(bodies: usize, seed: u64, reps: usize) -> Result<(Vec<PackRow>, Vec
 /// Run the experiment.
 pub fn run(common: &RegionCommon, opts: &PackOptions) -> Result<Finished> {
     let machine = Machine::describe();
-    let bodies = opts.bodies.unwrap_or_else(|| bodies_for(common.size)).max(8);
+    let bodies = opts
+        .bodies
+        .unwrap_or_else(|| bodies_for(common.size))
+        .max(8);
     let reps = common.runs();
-    let pb = crate::progress::spinner(format!("region-pack: lists of {LIST_NODES} nodes, oct-tree of {bodies} bodies"));
+    let pb = crate::progress::spinner(format!(
+        "region-pack: lists of {LIST_NODES} nodes, oct-tree of {bodies} bodies"
+    ));
     let mut rows = list_rows(reps)?;
     let (tree, per_level) = tree_rows(bodies, opts.seed, reps)?;
     rows.extend(tree);
@@ -451,23 +532,43 @@ pub fn run(common: &RegionCommon, opts: &PackOptions) -> Result<Finished> {
         measured: format!("{} runs ({}) for {} nodes", fresh.runs, fmt_bytes(fresh.run_bytes), fresh.objects),
         met: fresh.runs <= HANDFUL,
     }];
-    let markdown = markdown(&rows, &targets, &per_level, bodies, reps, common.size, &machine);
+    let markdown = markdown(
+        &rows,
+        &targets,
+        &per_level,
+        bodies,
+        reps,
+        common.size,
+        &machine,
+    );
     let svg = render(&rows).map_err(|e| eprintln!("warning: {e:#}")).ok();
     let report = Report {
         experiment: "region-pack".into(),
-        title: "Packing regions: runs and cost for a 30,000-node list and a Barnes-Hut oct-tree".into(),
+        title: "Packing regions: runs and cost for a 30,000-node list and a Barnes-Hut oct-tree"
+            .into(),
         paper: "002 Myrmics §4.3, §6.3".into(),
         size: common.size,
         params: json!({ "list_nodes": LIST_NODES, "bodies": bodies, "seed": opts.seed, "runs": reps }),
         machine,
         contenders: Vec::new(),
         skipped: Vec::new(),
-        summary: PackSummary { bodies, levels: per_level.len(), cells_per_level: per_level, rows, targets },
+        summary: PackSummary {
+            bodies,
+            levels: per_level.len(),
+            cells_per_level: per_level,
+            rows,
+            targets,
+        },
         runs: Vec::new(),
         failures: Vec::new(),
     };
     let written = report::write_all(&common.results_dir, &report, &markdown, svg.as_deref())?;
-    Ok(Finished { name: "region-pack".into(), markdown, written, failures: Vec::new() })
+    Ok(Finished {
+        name: "region-pack".into(),
+        markdown,
+        written,
+        failures: Vec::new(),
+    })
 }
 
 fn markdown(
@@ -527,7 +628,11 @@ fn markdown(
     md.push_str("\n## Targets\n\n");
     let mut t = Table::new(["target", "measured", "verdict"]);
     for x in targets {
-        t.row([x.target.clone(), x.measured.clone(), verdict(x.met).to_string()]);
+        t.row([
+            x.target.clone(),
+            x.measured.clone(),
+            verdict(x.met).to_string(),
+        ]);
     }
     md.push_str(&t.render());
     let _ = writeln!(md);
@@ -540,36 +645,84 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 
 /// The chart: runs after packing vs. objects (one run each), log scale.
 pub fn render(rows: &[PackRow]) -> Result<String> {
-    let series: [(&str, RGBColor); 2] = [("runs after packing", RGBColor(0x1b, 0x9e, 0x77)), ("objects (naive: one run each)", RGBColor(0xbb, 0xbb, 0xbb))];
+    let series: [(&str, RGBColor); 2] = [
+        ("runs after packing", RGBColor(0x1b, 0x9e, 0x77)),
+        ("objects (naive: one run each)", RGBColor(0xbb, 0xbb, 0xbb)),
+    ];
     let mut svg = String::new();
     {
         let g = rows.len().max(1) as i32;
-        let root = SVGBackend::with_string(&mut svg, ((170 * g as u32).max(700), 560)).into_drawing_area();
+        let root =
+            SVGBackend::with_string(&mut svg, ((170 * g as u32).max(700), 560)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
-        let root = root.titled("Region packing (paper 002 §4.3): runs vs. objects (log scale)", ("sans-serif", 20)).map_err(err)?;
+        let root = root
+            .titled(
+                "Region packing (paper 002 §4.3): runs vs. objects (log scale)",
+                ("sans-serif", 20),
+            )
+            .map_err(err)?;
         let (legend, body) = root.split_vertically(30);
         let mut x = 60;
         for (name, c) in series {
-            legend.draw(&Rectangle::new([(x, 8), (x + 12, 20)], c.filled())).map_err(err)?;
-            legend.draw(&Text::new(name, (x + 17, 7), ("sans-serif", 13).into_font())).map_err(err)?;
+            legend
+                .draw(&Rectangle::new([(x, 8), (x + 12, 20)], c.filled()))
+                .map_err(err)?;
+            legend
+                .draw(&Text::new(
+                    name,
+                    (x + 17, 7),
+                    ("sans-serif", 13).into_font(),
+                ))
+                .map_err(err)?;
             x += 40 + 7 * name.len() as i32;
         }
-        let ymax = rows.iter().map(|r| r.objects.max(1) as f64).fold(10.0, f64::max).log10().ceil() + 0.2;
+        let ymax = rows
+            .iter()
+            .map(|r| r.objects.max(1) as f64)
+            .fold(10.0, f64::max)
+            .log10()
+            .ceil()
+            + 0.2;
         let labels: Vec<String> = rows
             .iter()
             .enumerate()
-            .map(|(i, r)| if r.structure.starts_with("list") || r.structure.starts_with("the same") { format!("list {}", i + 1) } else { format!("tree {}", r.structure.split(':').nth(1).unwrap_or("").split('(').next().unwrap_or("").trim()) })
+            .map(|(i, r)| {
+                if r.structure.starts_with("list") || r.structure.starts_with("the same") {
+                    format!("list {}", i + 1)
+                } else {
+                    format!(
+                        "tree {}",
+                        r.structure
+                            .split(':')
+                            .nth(1)
+                            .unwrap_or("")
+                            .split('(')
+                            .next()
+                            .unwrap_or("")
+                            .trim()
+                    )
+                }
+            })
             .collect();
         let mut cc = ChartBuilder::on(&body)
             .margin(10)
             .x_label_area_size(30)
             .y_label_area_size(60)
-            .build_cartesian_2d((0..g * 1000).with_key_points((0..g).map(|i| i * 1000 + 500).collect::<Vec<_>>()), 0.0..ymax)
+            .build_cartesian_2d(
+                (0..g * 1000).with_key_points((0..g).map(|i| i * 1000 + 500).collect::<Vec<_>>()),
+                0.0..ymax,
+            )
             .map_err(err)?;
         cc.configure_mesh()
             .disable_x_mesh()
             .light_line_style(WHITE)
-            .x_label_formatter(&|x| if x % 1000 == 500 { labels.get((x / 1000) as usize).cloned().unwrap_or_default() } else { String::new() })
+            .x_label_formatter(&|x| {
+                if x % 1000 == 500 {
+                    labels.get((x / 1000) as usize).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
             .y_labels(ymax as usize + 1)
             .y_label_formatter(&|y| format!("{:.0}", 10f64.powf(*y)))
             .y_desc("count")
@@ -579,7 +732,10 @@ pub fn render(rows: &[PackRow]) -> Result<String> {
             let rects = rows.iter().enumerate().map(|(gi, r)| {
                 let v = if si == 0 { r.runs } else { r.objects as usize };
                 let x0 = gi as i32 * 1000 + 100 + si as i32 * 400;
-                Rectangle::new([(x0, 0.0), (x0 + 360, (v.max(1) as f64).log10().max(0.02))], c.filled())
+                Rectangle::new(
+                    [(x0, 0.0), (x0 + 360, (v.max(1) as f64).log10().max(0.02))],
+                    c.filled(),
+                )
             });
             cc.draw_series(rects).map_err(err)?;
         }

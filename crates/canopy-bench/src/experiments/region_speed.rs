@@ -39,7 +39,14 @@ use crate::report::{self, Machine, Report, Size, Table};
 use crate::stats;
 
 /// The contenders, in run order.
-pub const CONTENDERS: [&str; 6] = ["region", "canopy", "glibc", "bumpalo", "typed-arena", "slab"];
+pub const CONTENDERS: [&str; 6] = [
+    "region",
+    "canopy",
+    "glibc",
+    "bumpalo",
+    "typed-arena",
+    "slab",
+];
 
 /// Sizes of the `mixed` configuration, picked uniformly per object.
 pub const MIXED: [usize; 8] = [16, 32, 48, 64, 96, 128, 192, 256];
@@ -66,7 +73,11 @@ pub struct SpeedOptions {
 
 impl Default for SpeedOptions {
     fn default() -> Self {
-        SpeedOptions { n: None, max_n: None, seed: 2013 }
+        SpeedOptions {
+            n: None,
+            max_n: None,
+            seed: 2013,
+        }
     }
 }
 
@@ -191,7 +202,9 @@ pub fn malloc_library() -> String {
         return "unknown".into();
     }
     // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
-    unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(info.dli_fname) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Whether `malloc` is glibc's and nothing is preloaded over it.
@@ -245,7 +258,9 @@ impl Bench {
         let t = Instant::now();
         for &p in &self.ptrs {
             // SAFETY: p came from alloc above and is freed once.
-            self.ra.free(unsafe { std::ptr::NonNull::new_unchecked(p) }).map_err(e)?;
+            self.ra
+                .free(unsafe { std::ptr::NonNull::new_unchecked(p) })
+                .map_err(e)?;
         }
         let f = ns(t);
         self.ra.rfree(rid).map_err(e)?;
@@ -358,7 +373,9 @@ impl Bench {
             }
         };
         let check = |s: &slab::Slab<MaybeUninit<[u64; N]>>, keys: &[usize]| {
-            keys.iter().fold(0u64, |a, &k| a.wrapping_add(read(s[k].as_ptr() as *const u8)))
+            keys.iter().fold(0u64, |a, &k| {
+                a.wrapping_add(read(s[k].as_ptr() as *const u8))
+            })
         };
         let t = Instant::now();
         fill(&mut s, &mut self.keys);
@@ -465,10 +482,14 @@ pub fn run(common: &RegionCommon, opts: &SpeedOptions) -> Result<Finished> {
         for rep in 0..=reps {
             pb.set_message(format!("{} x {}", sz.label(), fmt_count(*k)));
             for who in CONTENDERS {
-                let Some((a, f, fa, c)) = b.round(who, sz, *k)? else { continue };
+                let Some((a, f, fa, c)) = b.round(who, sz, *k)? else {
+                    continue;
+                };
                 match expected {
                     None => expected = Some(c),
-                    Some(e) if e != c => failures.push(format!("{who}: checksum {c} != {e} ({} x {k})", sz.label())),
+                    Some(e) if e != c => {
+                        failures.push(format!("{who}: checksum {c} != {e} ({} x {k})", sz.label()))
+                    }
                     _ => {}
                 }
                 if rep > 0 {
@@ -491,8 +512,20 @@ pub fn run(common: &RegionCommon, opts: &SpeedOptions) -> Result<Finished> {
     pb.finish_and_clear();
     let cells = summarize(&rounds, &cfgs);
     let targets = targets(&cells, n);
-    let markdown = markdown(&cells, &targets, n, &sweep, &lib, runs, common.size, &machine, &failures);
-    let svg = render(&cells, n, &sweep).map_err(|e| eprintln!("warning: {e:#}")).ok();
+    let markdown = markdown(
+        &cells,
+        &targets,
+        n,
+        &sweep,
+        &lib,
+        runs,
+        common.size,
+        &machine,
+        &failures,
+    );
+    let svg = render(&cells, n, &sweep)
+        .map_err(|e| eprintln!("warning: {e:#}"))
+        .ok();
     let report = Report {
         experiment: "region-speed".into(),
         title: "Allocate and free in a region, and free a whole region, vs. malloc, bumpalo, typed-arena, slab".into(),
@@ -508,7 +541,12 @@ pub fn run(common: &RegionCommon, opts: &SpeedOptions) -> Result<Finished> {
         failures: failures.clone(),
     };
     let written = report::write_all(&common.results_dir, &report, &markdown, svg.as_deref())?;
-    Ok(Finished { name: "region-speed".into(), markdown, written, failures })
+    Ok(Finished {
+        name: "region-speed".into(),
+        markdown,
+        written,
+        failures,
+    })
 }
 
 /// Medians per (configuration, contender).
@@ -517,7 +555,10 @@ pub fn summarize(rounds: &[Round], cfgs: &[(Sizes, usize)]) -> Vec<Cell> {
     for (sz, k) in cfgs {
         let label = sz.label();
         for who in CONTENDERS {
-            let mine: Vec<&Round> = rounds.iter().filter(|r| r.sizes == label && r.n == *k && r.contender == who).collect();
+            let mine: Vec<&Round> = rounds
+                .iter()
+                .filter(|r| r.sizes == label && r.n == *k && r.contender == who)
+                .collect();
             if mine.is_empty() {
                 continue;
             }
@@ -539,7 +580,9 @@ pub fn summarize(rounds: &[Round], cfgs: &[(Sizes, usize)]) -> Vec<Cell> {
 }
 
 fn cell<'a>(cells: &'a [Cell], sizes: &str, n: usize, who: &str) -> Option<&'a Cell> {
-    cells.iter().find(|c| c.sizes == sizes && c.n == n && c.contender == who)
+    cells
+        .iter()
+        .find(|c| c.sizes == sizes && c.n == n && c.contender == who)
 }
 
 /// The two speed targets.
@@ -573,7 +616,8 @@ pub fn targets(cells: &[Cell], n: usize) -> Vec<Target> {
     let mut ratios = Vec::new();
     let mut ok = rf.is_some();
     for who in ["region", "canopy", "glibc"] {
-        let one = cell(cells, &l, TARGET_N, who).and_then(|c| c.free_ns_per_op.map(|f| f * TARGET_N as f64));
+        let one = cell(cells, &l, TARGET_N, who)
+            .and_then(|c| c.free_ns_per_op.map(|f| f * TARGET_N as f64));
         let r = stats::ratio(one, rf);
         ok &= r.is_some_and(|r| r >= 100.0);
         ratios.push(format!(
@@ -583,10 +627,17 @@ pub fn targets(cells: &[Cell], n: usize) -> Vec<Target> {
         ));
     }
     out.push(Target {
-        target: format!("region free of {} objects ({l}) at least 100x faster than freeing them one by one", fmt_count(TARGET_N)),
+        target: format!(
+            "region free of {} objects ({l}) at least 100x faster than freeing them one by one",
+            fmt_count(TARGET_N)
+        ),
         measured: match rf {
             Some(t) => format!("rfree {}; {}", fmt_ns(Some(t)), ratios.join("; ")),
-            None => format!("not measured at this size (no {} x {} configuration)", fmt_count(TARGET_N), l),
+            None => format!(
+                "not measured at this size (no {} x {} configuration)",
+                fmt_count(TARGET_N),
+                l
+            ),
         },
         met: rf.map(|_| ok),
     });
@@ -622,32 +673,55 @@ fn markdown(
         .chain(std::iter::once(Sizes::Mixed(Vec::new()).label()))
         .collect();
     let table = |title: &str, f: &dyn Fn(&Cell) -> String| {
-        let mut t = Table::new(std::iter::once("contender".to_string()).chain(labels.iter().cloned()));
+        let mut t =
+            Table::new(std::iter::once("contender".to_string()).chain(labels.iter().cloned()));
         for who in CONTENDERS {
-            t.row(std::iter::once(who.to_string()).chain(
-                labels.iter().map(|l| cell(cells, l, n, who).map_or_else(|| "–".into(), f)),
-            ));
+            t.row(
+                std::iter::once(who.to_string()).chain(
+                    labels
+                        .iter()
+                        .map(|l| cell(cells, l, n, who).map_or_else(|| "–".into(), f)),
+                ),
+            );
         }
         format!("\n## {title}\n\n{}", t.render())
     };
-    md.push_str(&table(&format!("ns per allocation ({} objects)", fmt_count(n)), &|c| fmt_ns(c.alloc_ns_per_op)));
-    md.push_str(&table(&format!("ns per free, one by one ({} objects)", fmt_count(n)), &|c| fmt_ns(c.free_ns_per_op)));
-    md.push_str(&table(&format!("Time to free all {} objects", fmt_count(n)), &|c| {
-        format!("{} ({})", fmt_ns(c.free_all_ns), c.free_all_by)
-    }));
+    md.push_str(&table(
+        &format!("ns per allocation ({} objects)", fmt_count(n)),
+        &|c| fmt_ns(c.alloc_ns_per_op),
+    ));
+    md.push_str(&table(
+        &format!("ns per free, one by one ({} objects)", fmt_count(n)),
+        &|c| fmt_ns(c.free_ns_per_op),
+    ));
+    md.push_str(&table(
+        &format!("Time to free all {} objects", fmt_count(n)),
+        &|c| format!("{} ({})", fmt_ns(c.free_all_ns), c.free_all_by),
+    ));
     let l = Sizes::Fixed(SWEEP_SIZE).label();
     let _ = write!(md, "\n## Time to free everything, {l} objects\n\n");
     let mut t = Table::new(
         std::iter::once("objects".to_string())
-            .chain(CONTENDERS.iter().map(|c| format!("{c} ({})", free_all_by(c))))
-            .chain(["region one by one / rfree".to_string(), "rfree ns per object".to_string()]),
+            .chain(
+                CONTENDERS
+                    .iter()
+                    .map(|c| format!("{c} ({})", free_all_by(c))),
+            )
+            .chain([
+                "region one by one / rfree".to_string(),
+                "rfree ns per object".to_string(),
+            ]),
     );
     for &k in sweep {
         let rf = cell(cells, &l, k, "region").and_then(|c| c.free_all_ns);
         let one = cell(cells, &l, k, "region").and_then(|c| c.free_ns_per_op.map(|f| f * k as f64));
         t.row(
             std::iter::once(fmt_count(k))
-                .chain(CONTENDERS.iter().map(|w| fmt_ns(cell(cells, &l, k, w).and_then(|c| c.free_all_ns))))
+                .chain(
+                    CONTENDERS
+                        .iter()
+                        .map(|w| fmt_ns(cell(cells, &l, k, w).and_then(|c| c.free_all_ns))),
+                )
                 .chain([
                     stats::ratio(one, rf).map_or_else(|| "–".into(), |r| format!("{r:.0}x")),
                     rf.map_or_else(|| "–".into(), |r| format!("{:.3}", r / k as f64)),
@@ -690,13 +764,24 @@ pub fn render(cells: &[Cell], n: usize, sweep: &[usize]) -> Result<String> {
         let root = SVGBackend::with_string(&mut svg, (1500, 520)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
         let root = root
-            .titled("Region allocation vs. malloc and arenas (paper 002 §4.3; lower is better)", ("sans-serif", 20))
+            .titled(
+                "Region allocation vs. malloc and arenas (paper 002 §4.3; lower is better)",
+                ("sans-serif", 20),
+            )
             .map_err(err)?;
         let (legend, body) = root.split_vertically(30);
         let mut x = 60;
         for (i, name) in CONTENDERS.iter().enumerate() {
-            legend.draw(&Rectangle::new([(x, 8), (x + 12, 20)], PALETTE[i].filled())).map_err(err)?;
-            legend.draw(&Text::new(*name, (x + 17, 7), ("sans-serif", 13).into_font())).map_err(err)?;
+            legend
+                .draw(&Rectangle::new([(x, 8), (x + 12, 20)], PALETTE[i].filled()))
+                .map_err(err)?;
+            legend
+                .draw(&Text::new(
+                    *name,
+                    (x + 17, 7),
+                    ("sans-serif", 13).into_font(),
+                ))
+                .map_err(err)?;
             x += 40 + 7 * name.len() as i32;
         }
         let areas = body.split_evenly((1, 3));
@@ -705,20 +790,38 @@ pub fn render(cells: &[Cell], n: usize, sweep: &[usize]) -> Result<String> {
             .map(|s| Sizes::Fixed(*s).label())
             .chain(std::iter::once(Sizes::Mixed(Vec::new()).label()))
             .collect();
-        let bars = |area: &DrawingArea<SVGBackend, plotters::coord::Shift>, title: &str, f: fn(&Cell) -> Option<f64>| -> Result<()> {
-            let ymax = cells.iter().filter(|c| c.n == n).filter_map(f).fold(1.0f64, f64::max) * 1.15;
+        let bars = |area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+                    title: &str,
+                    f: fn(&Cell) -> Option<f64>|
+         -> Result<()> {
+            let ymax = cells
+                .iter()
+                .filter(|c| c.n == n)
+                .filter_map(f)
+                .fold(1.0f64, f64::max)
+                * 1.15;
             let g = labels.len() as i32;
             let mut cc = ChartBuilder::on(area)
                 .caption(title, ("sans-serif", 15))
                 .margin(10)
                 .x_label_area_size(30)
                 .y_label_area_size(50)
-                .build_cartesian_2d((0..g * 1000).with_key_points((0..g).map(|i| i * 1000 + 500).collect::<Vec<_>>()), 0.0..ymax)
+                .build_cartesian_2d(
+                    (0..g * 1000)
+                        .with_key_points((0..g).map(|i| i * 1000 + 500).collect::<Vec<_>>()),
+                    0.0..ymax,
+                )
                 .map_err(err)?;
             cc.configure_mesh()
                 .disable_x_mesh()
                 .light_line_style(WHITE)
-                .x_label_formatter(&|x| if x % 1000 == 500 { labels.get((x / 1000) as usize).cloned().unwrap_or_default() } else { String::new() })
+                .x_label_formatter(&|x| {
+                    if x % 1000 == 500 {
+                        labels.get((x / 1000) as usize).cloned().unwrap_or_default()
+                    } else {
+                        String::new()
+                    }
+                })
                 .y_desc("ns")
                 .draw()
                 .map_err(err)?;
@@ -727,14 +830,25 @@ pub fn render(cells: &[Cell], n: usize, sweep: &[usize]) -> Result<String> {
                 let rects = labels.iter().enumerate().filter_map(|(gi, l)| {
                     let v = cell(cells, l, n, who).and_then(f)?;
                     let x0 = gi as i32 * 1000 + 100 + si as i32 * w;
-                    Some(Rectangle::new([(x0, 0.0), (x0 + w * 9 / 10, v)], PALETTE[si].filled()))
+                    Some(Rectangle::new(
+                        [(x0, 0.0), (x0 + w * 9 / 10, v)],
+                        PALETTE[si].filled(),
+                    ))
                 });
                 cc.draw_series(rects).map_err(err)?;
             }
             Ok(())
         };
-        bars(&areas[0], &format!("ns per allocation ({} objects)", fmt_count(n)), |c| c.alloc_ns_per_op)?;
-        bars(&areas[1], &format!("ns per free, one by one ({} objects)", fmt_count(n)), |c| c.free_ns_per_op)?;
+        bars(
+            &areas[0],
+            &format!("ns per allocation ({} objects)", fmt_count(n)),
+            |c| c.alloc_ns_per_op,
+        )?;
+        bars(
+            &areas[1],
+            &format!("ns per free, one by one ({} objects)", fmt_count(n)),
+            |c| c.free_ns_per_op,
+        )?;
         let l = Sizes::Fixed(SWEEP_SIZE).label();
         let pts: Vec<(usize, f64, f64)> = CONTENDERS
             .iter()
@@ -742,16 +856,30 @@ pub fn render(cells: &[Cell], n: usize, sweep: &[usize]) -> Result<String> {
             .flat_map(|(i, w)| {
                 let l = l.clone();
                 sweep.iter().filter_map(move |&k| {
-                    cell(cells, &l, k, w).and_then(|c| c.free_all_ns).filter(|v| *v > 0.0).map(|v| (i, (k as f64).log10(), v.log10()))
+                    cell(cells, &l, k, w)
+                        .and_then(|c| c.free_all_ns)
+                        .filter(|v| *v > 0.0)
+                        .map(|v| (i, (k as f64).log10(), v.log10()))
                 })
             })
             .collect();
-        let (ylo, yhi) = pts.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.2), b.max(p.2)));
-        let (ylo, yhi) = if pts.is_empty() { (0.0, 1.0) } else { (ylo.floor(), yhi.ceil()) };
+        let (ylo, yhi) = pts
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.2), b.max(p.2)));
+        let (ylo, yhi) = if pts.is_empty() {
+            (0.0, 1.0)
+        } else {
+            (ylo.floor(), yhi.ceil())
+        };
         let xlo = (sweep.first().copied().unwrap_or(1000) as f64).log10();
-        let xhi = (sweep.last().copied().unwrap_or(1000) as f64).log10().max(xlo + 1.0);
+        let xhi = (sweep.last().copied().unwrap_or(1000) as f64)
+            .log10()
+            .max(xlo + 1.0);
         let mut cc = ChartBuilder::on(&areas[2])
-            .caption(format!("time to free all {l} objects (log-log)"), ("sans-serif", 15))
+            .caption(
+                format!("time to free all {l} objects (log-log)"),
+                ("sans-serif", 15),
+            )
             .margin(10)
             .x_label_area_size(30)
             .y_label_area_size(60)
@@ -767,12 +895,24 @@ pub fn render(cells: &[Cell], n: usize, sweep: &[usize]) -> Result<String> {
             .draw()
             .map_err(err)?;
         for (i, _) in CONTENDERS.iter().enumerate() {
-            let line: Vec<(f64, f64)> = pts.iter().filter(|p| p.0 == i).map(|p| (p.1, p.2)).collect();
+            let line: Vec<(f64, f64)> = pts
+                .iter()
+                .filter(|p| p.0 == i)
+                .map(|p| (p.1, p.2))
+                .collect();
             if line.is_empty() {
                 continue;
             }
-            cc.draw_series(std::iter::once(PathElement::new(line.clone(), PALETTE[i].stroke_width(2)))).map_err(err)?;
-            cc.draw_series(line.into_iter().map(|p| Circle::new(p, 3, PALETTE[i].filled()))).map_err(err)?;
+            cc.draw_series(std::iter::once(PathElement::new(
+                line.clone(),
+                PALETTE[i].stroke_width(2),
+            )))
+            .map_err(err)?;
+            cc.draw_series(
+                line.into_iter()
+                    .map(|p| Circle::new(p, 3, PALETTE[i].filled())),
+            )
+            .map_err(err)?;
         }
         root.present().map_err(err)?;
     }
@@ -785,7 +925,12 @@ mod tests {
 
     #[test]
     fn every_contender_runs_and_agrees() {
-        let mut b = Bench { ra: RegionAllocator::new(), bump: bumpalo::Bump::new(), ptrs: Vec::new(), keys: Vec::new() };
+        let mut b = Bench {
+            ra: RegionAllocator::new(),
+            bump: bumpalo::Bump::new(),
+            ptrs: Vec::new(),
+            keys: Vec::new(),
+        };
         let (cfgs, sweep) = configs(500, 1000, 1);
         assert_eq!(sweep, vec![1000]);
         let mut rounds = Vec::new();
@@ -794,10 +939,22 @@ mod tests {
             for who in CONTENDERS {
                 if let Some((a, f, fa, c)) = b.round(who, sz, *k).unwrap() {
                     sums.push(c);
-                    rounds.push(Round { sizes: sz.label(), n: *k, contender: who.into(), rep: 0, alloc_ns: a, free_ns: f, free_all_ns: fa, checksum: c });
+                    rounds.push(Round {
+                        sizes: sz.label(),
+                        n: *k,
+                        contender: who.into(),
+                        rep: 0,
+                        alloc_ns: a,
+                        free_ns: f,
+                        free_all_ns: fa,
+                        checksum: c,
+                    });
                 }
             }
-            assert!(sums.len() >= 4 && sums.windows(2).all(|w| w[0] == w[1]), "{sums:?}");
+            assert!(
+                sums.len() >= 4 && sums.windows(2).all(|w| w[0] == w[1]),
+                "{sums:?}"
+            );
         }
         let cells = summarize(&rounds, &cfgs);
         assert!(cell(&cells, "64 B", 1000, "region").is_some());
