@@ -665,7 +665,9 @@ fn markdown(
          {steps} steps the program allocates an object with probability p, else frees a random live one (seed {seed}, size \
          `{}`). Parts b and c run {} equal phases with p = {}. Part c picks each size among {} B.\n\n\
          \"Slab bytes / requested\" counts full, partial and spanning slabs against the bytes the program asked for. \
-         A *new slab* is one that held no live object before the allocation; a *hole* is a free slot in a partial slab.\n\n",
+         A *new slab* is one that held no live object before the allocation; a *hole* is a free slot in a partial slab. \
+         In part c a 4096 B object fills a slab alone, so it always takes a new slab without breaking the hole-first rule; \
+         50048 B objects span 13 slabs and are counted as span slabs, outside the hole-first check.\n\n",
         cfg.slab_size / 1024,
         cfg.granule,
         cfg.page_size >> 20,

@@ -663,7 +663,10 @@ fn markdown(
          `glibc` is `libc::malloc`, resolved in `{lib}`; `canopy` is `canopy_alloc::alloc/free` called directly; \
          `region` allocates in a fresh region of a long-lived `RegionAllocator` and frees one by one, or (second round) \
          frees the region with `rfree`; `bumpalo` resets a long-lived `Bump`; `typed-arena` and `slab` store fixed-size \
-         values and are dropped (they have no mixed-size row).\n\n",
+         values and are dropped (they have no mixed-size row). Times include the page faults an allocator causes \
+         itself: a contender that gives memory back to the kernel when its objects are freed (glibc trims its heap, \
+         `typed-arena` and `slab` free their buffers) touches fresh pages again in the next round, while the region \
+         allocator and `bumpalo` keep theirs.\n\n",
         size.name()
     );
     md.push_str(&machine_markdown(machine));
