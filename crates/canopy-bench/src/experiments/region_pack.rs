@@ -685,10 +685,13 @@ pub fn render(rows: &[PackRow]) -> Result<String> {
             + 0.2;
         let labels: Vec<String> = rows
             .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                if r.structure.starts_with("list") || r.structure.starts_with("the same") {
-                    format!("list {}", i + 1)
+            .map(|r| {
+                if r.structure.starts_with("the same") {
+                    "list, every other freed".to_string()
+                } else if r.structure.contains("in turn") {
+                    "list, built beside another".to_string()
+                } else if r.structure.starts_with("list") {
+                    "list, fresh region".to_string()
                 } else {
                     format!(
                         "tree {}",
