@@ -855,6 +855,7 @@ pub fn render(results: &[PartResult]) -> Result<String> {
                 .map_err(err)?;
             cc.configure_secondary_axes()
                 .y_desc("slabs")
+                .y_label_formatter(&|y| format!("{y:.0}"))
                 .draw()
                 .map_err(err)?;
             let pts = |f: &dyn Fn(&Sample) -> f64| {
@@ -911,6 +912,7 @@ pub fn render(results: &[PartResult]) -> Result<String> {
                 .x_labels(6)
                 .x_desc("operations")
                 .y_desc("slabs")
+                .y_label_formatter(&|y| format!("{y:.0}"))
                 .draw()
                 .map_err(err)?;
             let nph = r.phases.len();
