@@ -10,7 +10,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use canopy_bench::anchors::{self, Contenders, Discover, ANCHORS};
 use canopy_bench::artifacts::Lookup;
-use canopy_bench::experiments::{sac, sac_callgrind, workloads, Common, Finished};
+use canopy_bench::experiments::region::RegionCommon;
+use canopy_bench::experiments::{
+    region_frag, region_pack, region_speed, sac, sac_callgrind, workloads, Common, Finished,
+};
 use canopy_bench::report::{self, Size};
 use clap::{Args, Parser, Subcommand};
 
@@ -39,8 +42,21 @@ producer/consumer, cache-scratch and cache-thrash false sharing (as in the Hoard
 size walk from 8 B to 4 MiB (peak RSS) and thread churn. Time and peak RSS relative to the best \
 anchor and to mimalloc, with geometric means.
 
-Experiments of the other papers (the Microgrid delegated reference counting, the Myrmics region \
-allocator, MPL's hierarchical heaps, the GUM virtual shared heap) will join as their layers land.
+Region experiments (paper 002, Lyberis et al., \"The Myrmics Memory Allocator: Hierarchical, \
+Message-Passing Allocation for Global Address Spaces\"), run in-process on Canopy's region allocator:
+  region-frag    Fig. 4a-c: random allocate/free in one region (192 B at 60/40, then phases of \
+varying probability, then six sizes); requested bytes against full and partial slabs over time, \
+checked against an independent model of the slabs; targets: partial slabs stay a small constant, \
+holes are filled before new slabs are taken.
+  region-speed   ns per allocation and per free in a region, and the time to free a region of \
+10^3..10^7 objects, side by side with glibc malloc, Canopy's allocator, bumpalo, typed-arena and \
+slab; targets: region allocation at least as fast as Canopy's malloc, region free of 10^6 objects \
+at least 100x faster than freeing them one by one.
+  region-pack    runs and cost of packing a 30,000-node list and a Barnes-Hut oct-tree with one \
+region per level (§4.3, §6.3); target: the list packs into a handful of runs.
+
+Experiments of the other papers (the Microgrid delegated reference counting, MPL's hierarchical \
+heaps, the GUM virtual shared heap) will join as their layers land.
 
 Sizes: --quick runs in seconds (CI smoke runs, the tour); the default is in between; --paper uses \
 the paper's problem size. Every configuration runs several times with the contenders interleaved, \
@@ -71,8 +87,8 @@ struct Cli {
 enum Cmd {
     /// Run every experiment at the quick size against the anchors, print the tables, write results/
     #[command(
-        long_about = "Run every experiment that exists (sac, sac-callgrind, workloads) at the quick size against \
-                            the anchors, print their Markdown tables and write results/. Takes a minute or two; it \
+        long_about = "Run every experiment that exists (sac, sac-callgrind, workloads, region-frag, region-speed, \
+                            region-pack) at the quick size against the anchors, print their Markdown tables and write results/. Takes a minute or two; it \
                             builds libcanopy_malloc.so and the Rust SAC binaries first if they are missing."
     )]
     Tour(TourArgs),
@@ -122,6 +138,42 @@ enum Experiment {
                             anchor and to mimalloc, with geometric means."
     )]
     Workloads(WorkloadArgs),
+    /// Fragmentation in one region: requested bytes vs. full and partial slabs (paper 002, Fig. 4a-c)
+    #[command(
+        long_about = "The fragmentation runs of paper 002 (Myrmics), §6.2 and Fig. 4a-c, on Canopy's region \
+                            allocator: a serial program in one region, at each step allocating an object with \
+                            probability p or freeing a random live one. (a) 192 B objects, p = 0.6; (b) 192 B, \
+                            alternating allocation-heavy and free-heavy phases; (c) the phases of b with six sizes \
+                            (64, 1024, 4096, 192, 1536, 50048 B). Plots requested bytes (left axis) against full and \
+                            partial slabs (right axis) over time, like the paper. Checks the allocator's slab counters \
+                            against the program's own model of every slab, and two targets: partial slabs stay a \
+                            small constant while the region grows (part a: mean <= 8, no growth from the first to \
+                            the last quarter), and holes are filled before new slabs are taken (no allocation lands \
+                            in an unused slab while a slab of its slot size has a free slot). Seeded, deterministic."
+    )]
+    RegionFrag(RegionFragArgs),
+    /// Allocate/free in a region and free a whole region, vs. malloc, bumpalo, typed-arena, slab (paper 002)
+    #[command(
+        long_about = "Throughput of allocation and free in a region of Canopy's region allocator, and the time to \
+                            free a whole region of 10^3..10^7 objects (paper 002, Myrmics, §4.3: freeing a region costs \
+                            time in its slabs, not its objects), side by side in the same process with glibc's malloc \
+                            (checked not to be preloaded), Canopy's allocator called directly, bumpalo (reset), \
+                            typed-arena (drop) and slab (remove / drop). Sizes 16, 64, 192 B and mixed 16-256 B; the \
+                            free-everything sweep uses 64 B. Contenders run interleaved after a warm-up round; medians. \
+                            Targets: region allocation at least as fast as Canopy's malloc for every size; region \
+                            free of 10^6 objects at least 100x faster than freeing them one by one."
+    )]
+    RegionSpeed(RegionSpeedArgs),
+    /// Packing regions into runs: a 30,000-node list and a per-level-region oct-tree (paper 002)
+    #[command(
+        long_about = "Region packing of paper 002 (Myrmics), §4.3, with the Barnes-Hut layout of §6.3: the runs \
+                            (address, length) of a packed 30,000-node list in a fresh region (also with holes, and \
+                            built in turn with another region), and of an oct-tree of random bodies with one region \
+                            per tree level, nested (level k a child of level k-1). Reports runs, bytes, the time of \
+                            pack_runs, pack and encode, against one run per object found by walking the structure. \
+                            Target: the list packs into at most a handful (5) of runs."
+    )]
+    RegionPack(RegionPackArgs),
 }
 
 #[derive(Debug, Args, Clone)]
@@ -230,6 +282,56 @@ struct WorkloadArgs {
 }
 
 #[derive(Debug, Args)]
+struct RegionFragArgs {
+    #[command(flatten)]
+    size: SizeArgs,
+    /// Steps (allocate-or-free operations) per part [default: 20000 quick, 200000 default, 1000000 paper]
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Seed of the random choices
+    #[arg(long, default_value_t = 2013)]
+    seed: u64,
+    /// Parts to run, comma-separated (a, b, c)
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "a,b,c"
+    )]
+    parts: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct RegionSpeedArgs {
+    #[command(flatten)]
+    size: SizeArgs,
+    /// Rounds per configuration (more for small counts); the median is reported [default: 3 quick, 5 otherwise]
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Objects per size in the throughput tables [default: 100000 quick, 1000000 otherwise]
+    #[arg(long)]
+    n: Option<usize>,
+    /// Largest object count of the free-everything sweep [default: 1000000, 10000000 paper]
+    #[arg(long)]
+    max_n: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+struct RegionPackArgs {
+    #[command(flatten)]
+    size: SizeArgs,
+    /// Runs per measurement; the median is reported [default: 3 quick, 5 otherwise]
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Bodies in the oct-tree [default: 10000 quick, 100000 default, 1100000 paper]
+    #[arg(long)]
+    bodies: Option<usize>,
+    /// Seed of the body positions
+    #[arg(long, default_value_t = 2013)]
+    seed: u64,
+}
+
+#[derive(Debug, Args)]
 struct TourArgs {
     #[command(flatten)]
     contenders: ContenderArgs,
@@ -290,6 +392,15 @@ fn common(cli: &Cli, size: Size, runs: Option<usize>, c: &ContenderArgs) -> Resu
     })
 }
 
+/// The region experiments run in-process: no contenders to discover.
+fn region_common(cli: &Cli, size: Size, runs: Option<usize>) -> RegionCommon {
+    RegionCommon {
+        size,
+        runs,
+        results_dir: results_dir(cli),
+    }
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
     match &cli.cmd {
         Cmd::Tour(a) => tour(&cli, a),
@@ -332,6 +443,30 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         opts.only = o.clone();
                     }
                     workloads::run(&c, &opts)?
+                }
+                Experiment::RegionFrag(a) => {
+                    let opts = region_frag::FragOptions {
+                        steps: a.steps,
+                        seed: a.seed,
+                        parts: a.parts.clone(),
+                        ..Default::default()
+                    };
+                    region_frag::run(&region_common(&cli, a.size.size(), None), &opts)?
+                }
+                Experiment::RegionSpeed(a) => {
+                    let opts = region_speed::SpeedOptions {
+                        n: a.n,
+                        max_n: a.max_n,
+                        ..Default::default()
+                    };
+                    region_speed::run(&region_common(&cli, a.size.size(), a.runs), &opts)?
+                }
+                Experiment::RegionPack(a) => {
+                    let opts = region_pack::PackOptions {
+                        bodies: a.bodies,
+                        seed: a.seed,
+                    };
+                    region_pack::run(&region_common(&cli, a.size.size(), a.runs), &opts)?
                 }
             };
             print!("{}", finished.markdown);
@@ -380,7 +515,8 @@ fn tour(cli: &Cli, a: &TourArgs) -> Result<ExitCode> {
     let c = common(cli, Size::Quick, a.runs, &a.contenders)?;
     let mut done = Vec::new();
     let mut errors = Vec::new();
-    let steps: [(&str, Step); 3] = [
+    let rc = region_common(cli, Size::Quick, a.runs);
+    let steps: [(&str, Step); 6] = [
         (
             "sac",
             Box::new(|| {
@@ -408,6 +544,18 @@ fn tour(cli: &Cli, a: &TourArgs) -> Result<ExitCode> {
         (
             "workloads",
             Box::new(|| workloads::run(&c, &workloads::WorkloadOptions::default())),
+        ),
+        (
+            "region-frag",
+            Box::new(|| region_frag::run(&rc, &region_frag::FragOptions::default())),
+        ),
+        (
+            "region-speed",
+            Box::new(|| region_speed::run(&rc, &region_speed::SpeedOptions::default())),
+        ),
+        (
+            "region-pack",
+            Box::new(|| region_pack::run(&rc, &region_pack::PackOptions::default())),
         ),
     ];
     for (name, step) in steps.iter() {
@@ -616,5 +764,31 @@ mod tests {
         assert_eq!(a.threads, Some(vec![1, 2]));
         assert_eq!(a.xs, vec![25]);
         assert!(Cli::try_parse_from(["canopy", "bench", "sac", "--quick", "--paper"]).is_err());
+    }
+
+    #[test]
+    fn region_benches_parse() {
+        let cli = Cli::try_parse_from([
+            "canopy",
+            "bench",
+            "region-frag",
+            "--quick",
+            "--parts",
+            "a,c",
+            "--steps",
+            "500",
+        ])
+        .unwrap();
+        let Cmd::Bench {
+            experiment: Experiment::RegionFrag(a),
+        } = cli.cmd
+        else {
+            panic!("not region-frag")
+        };
+        assert_eq!(a.parts, vec!["a", "c"]);
+        assert_eq!((a.steps, a.size.size()), (Some(500), Size::Quick));
+        for e in ["region-speed", "region-pack"] {
+            assert!(Cli::try_parse_from(["canopy", "bench", e, "--paper", "--runs", "2"]).is_ok());
+        }
     }
 }

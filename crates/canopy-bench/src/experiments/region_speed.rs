@@ -1,0 +1,971 @@
+//! `region-speed`: how fast objects are allocated and freed in a region, and
+//! what freeing a whole region of 10^3..10^7 objects costs (paper 002, §4.3:
+//! "freeing regions is fast and independent of the number of allocated
+//! objects"), side by side with what a Rust or C programmer would use
+//! instead:
+//!
+//! | contender | allocate | free one | free everything |
+//! |---|---|---|---|
+//! | `region` | `RegionAllocator::alloc` in a region | `free` | `rfree` of the region |
+//! | `canopy` | `canopy_alloc::alloc` | `canopy_alloc::free` | one by one |
+//! | `glibc` | `libc::malloc` (checked to be glibc's) | `free` | one by one |
+//! | `bumpalo` | `Bump::alloc_layout` | – | `Bump::reset` |
+//! | `typed-arena` | `Arena::alloc` (fixed sizes) | – | drop the arena |
+//! | `slab` | `Slab::vacant_entry().insert` (fixed sizes) | `Slab::remove` | drop the slab |
+//!
+//! Every object gets 8 bytes written when allocated (so memory is really
+//! touched, for every contender alike); a checksum read back outside the
+//! timed loops makes sure nothing is optimised away.  For each
+//! configuration the contenders run one after the other, interleaved
+//! (A B C A B C), after one unrecorded warm-up round; medians are reported.
+
+use std::alloc::Layout;
+use std::ffi::CStr;
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::mem::MaybeUninit;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Result};
+use canopy_region::{RegionAllocator, RegionId};
+use plotters::prelude::*;
+use serde::Serialize;
+use serde_json::json;
+
+use super::machine_markdown;
+use super::region::{fmt_count, fmt_ns, verdict, RegionCommon, Rng};
+use super::Finished;
+use crate::report::{self, Machine, Report, Size, Table};
+use crate::stats;
+
+/// The contenders, in run order.
+pub const CONTENDERS: [&str; 6] = [
+    "region",
+    "canopy",
+    "glibc",
+    "bumpalo",
+    "typed-arena",
+    "slab",
+];
+
+/// Sizes of the `mixed` configuration, picked uniformly per object.
+pub const MIXED: [usize; 8] = [16, 32, 48, 64, 96, 128, 192, 256];
+
+/// Fixed object sizes measured.
+pub const FIXED: [usize; 3] = [16, 64, 192];
+
+/// The size of the free-everything sweep.
+pub const SWEEP_SIZE: usize = 64;
+
+/// Objects in the region-free target.
+pub const TARGET_N: usize = 1_000_000;
+
+/// Options of `region-speed`.
+#[derive(Debug, Clone)]
+pub struct SpeedOptions {
+    /// Objects per throughput configuration (`None`: by size).
+    pub n: Option<usize>,
+    /// Largest object count of the free-everything sweep (`None`: by size).
+    pub max_n: Option<usize>,
+    /// Seed of the mixed sizes.
+    pub seed: u64,
+}
+
+impl Default for SpeedOptions {
+    fn default() -> Self {
+        SpeedOptions {
+            n: None,
+            max_n: None,
+            seed: 2013,
+        }
+    }
+}
+
+/// (objects per throughput configuration, largest sweep count) for a size.
+pub fn counts_for(size: Size) -> (usize, usize) {
+    match size {
+        Size::Quick => (100_000, 1_000_000),
+        Size::Default => (1_000_000, 1_000_000),
+        Size::Paper => (1_000_000, 10_000_000),
+    }
+}
+
+/// Object sizes of one configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sizes {
+    /// Every object this many bytes.
+    Fixed(usize),
+    /// Object i is `v[i]` bytes.
+    Mixed(Vec<usize>),
+}
+
+impl Sizes {
+    fn label(&self) -> String {
+        match self {
+            Sizes::Fixed(s) => format!("{s} B"),
+            Sizes::Mixed(_) => "mixed 16-256 B".into(),
+        }
+    }
+
+    #[inline(always)]
+    fn at(&self, i: usize) -> usize {
+        match self {
+            Sizes::Fixed(s) => *s,
+            Sizes::Mixed(v) => v[i],
+        }
+    }
+}
+
+/// One measured round of one contender.
+#[derive(Debug, Clone, Serialize)]
+pub struct Round {
+    /// Size label.
+    pub sizes: String,
+    /// Objects.
+    pub n: usize,
+    /// Contender.
+    pub contender: String,
+    /// Repetition (warm-up rounds are not recorded).
+    pub rep: usize,
+    /// Nanoseconds to allocate all objects.
+    pub alloc_ns: f64,
+    /// Nanoseconds to free them one by one (`None`: no per-object free).
+    pub free_ns: Option<f64>,
+    /// Nanoseconds to free everything at once (region free, reset, drop;
+    /// for malloc-style contenders the one-by-one time).
+    pub free_all_ns: f64,
+    /// Sum of the words written, read back.
+    pub checksum: u64,
+}
+
+/// Medians of one (configuration, contender).
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    /// Size label.
+    pub sizes: String,
+    /// Objects.
+    pub n: usize,
+    /// Contender.
+    pub contender: String,
+    /// Rounds measured.
+    pub rounds: usize,
+    /// Median ns per allocation.
+    pub alloc_ns_per_op: Option<f64>,
+    /// Median ns per free.
+    pub free_ns_per_op: Option<f64>,
+    /// Median ns to free everything.
+    pub free_all_ns: Option<f64>,
+    /// How everything is freed.
+    pub free_all_by: String,
+}
+
+/// A target and whether it was met.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    /// The target, in words.
+    pub target: String,
+    /// What was measured.
+    pub measured: String,
+    /// Met, or `None` when not measured at this size.
+    pub met: Option<bool>,
+}
+
+/// The summary written to JSON.
+#[derive(Debug, Clone, Serialize)]
+pub struct SpeedSummary {
+    /// Objects per throughput configuration.
+    pub n: usize,
+    /// Object counts of the sweep.
+    pub sweep: Vec<usize>,
+    /// Where `libc::malloc` resolved (must be glibc's libc).
+    pub malloc_library: String,
+    /// Medians.
+    pub cells: Vec<Cell>,
+    /// Targets.
+    pub targets: Vec<Target>,
+    /// Every recorded round.
+    pub rounds: Vec<Round>,
+}
+
+/// The shared object that defines the `malloc` this process calls.
+pub fn malloc_library() -> String {
+    let mut info = MaybeUninit::<libc::Dl_info>::zeroed();
+    let f: unsafe extern "C" fn(libc::size_t) -> *mut libc::c_void = libc::malloc;
+    // SAFETY: dladdr only reads the address and fills `info`.
+    let ok = unsafe { libc::dladdr(f as *const libc::c_void, info.as_mut_ptr()) };
+    if ok == 0 {
+        return "unknown".into();
+    }
+    // SAFETY: dladdr succeeded, so `info` is filled in.
+    let info = unsafe { info.assume_init() };
+    if info.dli_fname.is_null() {
+        return "unknown".into();
+    }
+    // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
+    unsafe { CStr::from_ptr(info.dli_fname) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Whether `malloc` is glibc's and nothing is preloaded over it.
+pub fn malloc_is_glibc(lib: &str) -> bool {
+    lib.contains("libc.so") && std::env::var_os("LD_PRELOAD").map_or(true, |v| v.is_empty())
+}
+
+#[inline(always)]
+fn touch(p: *mut u8, i: usize) {
+    // SAFETY: p is a live object of at least 8 bytes, aligned to 8 by every contender.
+    unsafe { (p as *mut u64).write(i as u64) };
+}
+
+#[inline(always)]
+fn read(p: *const u8) -> u64 {
+    // SAFETY: as for `touch`; the word was written.
+    unsafe { (p as *const u64).read() }
+}
+
+fn sum(ptrs: &[*mut u8]) -> u64 {
+    ptrs.iter().fold(0u64, |a, &p| a.wrapping_add(read(p)))
+}
+
+fn ns(t: Instant) -> f64 {
+    t.elapsed().as_nanos() as f64
+}
+
+/// The state that lives across rounds (warm allocators, as in a long-running program).
+struct Bench {
+    ra: RegionAllocator,
+    bump: bumpalo::Bump,
+    ptrs: Vec<*mut u8>,
+    keys: Vec<usize>,
+}
+
+type Measured = (f64, Option<f64>, f64, u64);
+
+impl Bench {
+    fn region(&mut self, sz: &Sizes, n: usize) -> Result<Measured> {
+        let e = |e| anyhow!("region allocator: {e}");
+        let rid = self.ra.ralloc(RegionId::ROOT, 0).map_err(e)?;
+        self.ptrs.clear();
+        let t = Instant::now();
+        for i in 0..n {
+            let p = self.ra.alloc(sz.at(i), rid).map_err(e)?.as_ptr();
+            touch(p, i);
+            self.ptrs.push(p);
+        }
+        let a = ns(t);
+        let c = sum(&self.ptrs);
+        let t = Instant::now();
+        for &p in &self.ptrs {
+            // SAFETY: p came from alloc above and is freed once.
+            self.ra
+                .free(unsafe { std::ptr::NonNull::new_unchecked(p) })
+                .map_err(e)?;
+        }
+        let f = ns(t);
+        self.ra.rfree(rid).map_err(e)?;
+        // Second round: the same objects, then the region freed at once.
+        let rid = self.ra.ralloc(RegionId::ROOT, 0).map_err(e)?;
+        self.ptrs.clear();
+        for i in 0..n {
+            let p = self.ra.alloc(sz.at(i), rid).map_err(e)?.as_ptr();
+            touch(p, i);
+            self.ptrs.push(p);
+        }
+        let c2 = sum(&self.ptrs);
+        let t = Instant::now();
+        self.ra.rfree(rid).map_err(e)?;
+        let fa = ns(t);
+        if c != c2 {
+            bail!("region: checksums of the two rounds differ");
+        }
+        Ok((a, Some(f), fa, c))
+    }
+
+    fn canopy(&mut self, sz: &Sizes, n: usize) -> Result<Measured> {
+        self.ptrs.clear();
+        let t = Instant::now();
+        for i in 0..n {
+            let p = canopy_alloc::alloc(sz.at(i));
+            if p.is_null() {
+                bail!("canopy_alloc::alloc({}) returned null", sz.at(i));
+            }
+            touch(p, i);
+            self.ptrs.push(p);
+        }
+        let a = ns(t);
+        let c = sum(&self.ptrs);
+        let t = Instant::now();
+        for &p in &self.ptrs {
+            // SAFETY: p came from canopy_alloc::alloc and is freed once.
+            unsafe { canopy_alloc::free(p) };
+        }
+        let f = ns(t);
+        Ok((a, Some(f), f, c))
+    }
+
+    fn glibc(&mut self, sz: &Sizes, n: usize) -> Result<Measured> {
+        self.ptrs.clear();
+        let t = Instant::now();
+        for i in 0..n {
+            // SAFETY: plain malloc; null is checked.
+            let p = unsafe { libc::malloc(sz.at(i)) } as *mut u8;
+            if p.is_null() {
+                bail!("malloc({}) returned null", sz.at(i));
+            }
+            touch(p, i);
+            self.ptrs.push(p);
+        }
+        let a = ns(t);
+        let c = sum(&self.ptrs);
+        let t = Instant::now();
+        for &p in &self.ptrs {
+            // SAFETY: p came from malloc and is freed once.
+            unsafe { libc::free(p as *mut libc::c_void) };
+        }
+        let f = ns(t);
+        Ok((a, Some(f), f, c))
+    }
+
+    fn bumpalo(&mut self, sz: &Sizes, n: usize) -> Result<Measured> {
+        self.ptrs.clear();
+        let t = Instant::now();
+        for i in 0..n {
+            let l = Layout::from_size_align(sz.at(i), 8).map_err(|e| anyhow!("{e}"))?;
+            let p = self.bump.alloc_layout(l).as_ptr();
+            touch(p, i);
+            self.ptrs.push(p);
+        }
+        let a = ns(t);
+        let c = sum(&self.ptrs);
+        let t = Instant::now();
+        self.bump.reset();
+        let fa = ns(t);
+        Ok((a, None, fa, c))
+    }
+
+    fn typed_arena<const N: usize>(&mut self, n: usize) -> Result<Measured> {
+        self.ptrs.clear();
+        let arena: typed_arena::Arena<MaybeUninit<[u64; N]>> = typed_arena::Arena::new();
+        let t = Instant::now();
+        for i in 0..n {
+            let p = arena.alloc(MaybeUninit::uninit()).as_mut_ptr() as *mut u8;
+            touch(p, i);
+            self.ptrs.push(p);
+        }
+        let a = ns(t);
+        let c = sum(&self.ptrs);
+        let t = Instant::now();
+        drop(black_box(arena));
+        let fa = ns(t);
+        Ok((a, None, fa, c))
+    }
+
+    fn slab<const N: usize>(&mut self, n: usize) -> Result<Measured> {
+        let mut s: slab::Slab<MaybeUninit<[u64; N]>> = slab::Slab::new();
+        let fill = |s: &mut slab::Slab<MaybeUninit<[u64; N]>>, keys: &mut Vec<usize>| {
+            keys.clear();
+            for i in 0..n {
+                let e = s.vacant_entry();
+                keys.push(e.key());
+                let p = e.insert(MaybeUninit::uninit()).as_mut_ptr() as *mut u8;
+                touch(p, i);
+            }
+        };
+        let check = |s: &slab::Slab<MaybeUninit<[u64; N]>>, keys: &[usize]| {
+            keys.iter().fold(0u64, |a, &k| {
+                a.wrapping_add(read(s[k].as_ptr() as *const u8))
+            })
+        };
+        let t = Instant::now();
+        fill(&mut s, &mut self.keys);
+        let a = ns(t);
+        let c = check(&s, &self.keys);
+        let t = Instant::now();
+        for &k in &self.keys {
+            black_box(s.remove(k));
+        }
+        let f = ns(t);
+        let mut s2: slab::Slab<MaybeUninit<[u64; N]>> = slab::Slab::new();
+        fill(&mut s2, &mut self.keys);
+        let c2 = check(&s2, &self.keys);
+        let t = Instant::now();
+        drop(black_box(s2));
+        let fa = ns(t);
+        drop(s);
+        if c != c2 {
+            bail!("slab: checksums of the two rounds differ");
+        }
+        Ok((a, Some(f), fa, c))
+    }
+
+    /// One round of `who`; `None` when it does not fit the sizes.
+    fn round(&mut self, who: &str, sz: &Sizes, n: usize) -> Result<Option<Measured>> {
+        Ok(Some(match (who, sz) {
+            ("region", _) => self.region(sz, n)?,
+            ("canopy", _) => self.canopy(sz, n)?,
+            ("glibc", _) => self.glibc(sz, n)?,
+            ("bumpalo", _) => self.bumpalo(sz, n)?,
+            ("typed-arena", Sizes::Fixed(16)) => self.typed_arena::<2>(n)?,
+            ("typed-arena", Sizes::Fixed(64)) => self.typed_arena::<8>(n)?,
+            ("typed-arena", Sizes::Fixed(192)) => self.typed_arena::<24>(n)?,
+            ("slab", Sizes::Fixed(16)) => self.slab::<2>(n)?,
+            ("slab", Sizes::Fixed(64)) => self.slab::<8>(n)?,
+            ("slab", Sizes::Fixed(192)) => self.slab::<24>(n)?,
+            _ => return Ok(None),
+        }))
+    }
+}
+
+fn free_all_by(who: &str) -> &'static str {
+    match who {
+        "region" => "rfree",
+        "bumpalo" => "reset",
+        "typed-arena" | "slab" => "drop",
+        _ => "free one by one",
+    }
+}
+
+/// Repetitions for `n` objects: more for small counts, whose times are short.
+pub fn reps_for(runs: usize, n: usize) -> usize {
+    runs.max((runs * (100_000 / n.max(1))).min(30))
+}
+
+/// The configurations: every size at `n`, then 64 B at 10^3.. `max_n`.
+pub fn configs(n: usize, max_n: usize, seed: u64) -> (Vec<(Sizes, usize)>, Vec<usize>) {
+    let mut rng = Rng::new(seed);
+    let mixed: Vec<usize> = (0..n).map(|_| MIXED[rng.below(MIXED.len())]).collect();
+    let mut v: Vec<(Sizes, usize)> = FIXED.iter().map(|&s| (Sizes::Fixed(s), n)).collect();
+    v.push((Sizes::Mixed(mixed), n));
+    let mut sweep = Vec::new();
+    let mut k = 1000;
+    while k <= max_n {
+        sweep.push(k);
+        if k != n {
+            v.push((Sizes::Fixed(SWEEP_SIZE), k));
+        }
+        k *= 10;
+    }
+    (v, sweep)
+}
+
+/// Run the experiment.
+pub fn run(common: &RegionCommon, opts: &SpeedOptions) -> Result<Finished> {
+    let machine = Machine::describe();
+    let (dn, dmax) = counts_for(common.size);
+    let n = opts.n.unwrap_or(dn).max(100);
+    let max_n = opts.max_n.unwrap_or(dmax).max(1000);
+    let lib = malloc_library();
+    let mut failures = Vec::new();
+    if !malloc_is_glibc(&lib) {
+        let m = format!(
+            "glibc: malloc resolves to {lib} (LD_PRELOAD={:?}); the `glibc` row is not glibc's malloc",
+            std::env::var("LD_PRELOAD").unwrap_or_default()
+        );
+        eprintln!("warning: {m}");
+        failures.push(m);
+    }
+    let (cfgs, sweep) = configs(n, max_n, opts.seed);
+    let runs = common.runs();
+    let total: usize = cfgs.iter().map(|(_, k)| reps_for(runs, *k) + 1).sum();
+    let pb = crate::progress::bar(total as u64, "region-speed");
+    let mut b = Bench {
+        ra: RegionAllocator::new(),
+        bump: bumpalo::Bump::new(),
+        ptrs: Vec::with_capacity(n.max(max_n)),
+        keys: Vec::with_capacity(n.max(max_n)),
+    };
+    let mut rounds = Vec::new();
+    for (sz, k) in &cfgs {
+        let reps = reps_for(runs, *k);
+        let mut expected: Option<u64> = None;
+        for rep in 0..=reps {
+            pb.set_message(format!("{} x {}", sz.label(), fmt_count(*k)));
+            for who in CONTENDERS {
+                let Some((a, f, fa, c)) = b.round(who, sz, *k)? else {
+                    continue;
+                };
+                match expected {
+                    None => expected = Some(c),
+                    Some(e) if e != c => {
+                        failures.push(format!("{who}: checksum {c} != {e} ({} x {k})", sz.label()))
+                    }
+                    _ => {}
+                }
+                if rep > 0 {
+                    rounds.push(Round {
+                        sizes: sz.label(),
+                        n: *k,
+                        contender: who.into(),
+                        rep: rep - 1,
+                        alloc_ns: a,
+                        free_ns: f,
+                        free_all_ns: fa,
+                        checksum: c,
+                    });
+                }
+            }
+            pb.inc(1);
+        }
+        b.bump = bumpalo::Bump::new();
+    }
+    pb.finish_and_clear();
+    let cells = summarize(&rounds, &cfgs);
+    let targets = targets(&cells, n);
+    let markdown = markdown(
+        &cells,
+        &targets,
+        n,
+        &sweep,
+        &lib,
+        runs,
+        common.size,
+        &machine,
+        &failures,
+    );
+    let svg = render(&cells, n, &sweep)
+        .map_err(|e| eprintln!("warning: {e:#}"))
+        .ok();
+    let report = Report {
+        experiment: "region-speed".into(),
+        title: "Allocate and free in a region, and free a whole region, vs. malloc, bumpalo, typed-arena, slab".into(),
+        paper: "002 Myrmics §4.3".into(),
+        size: common.size,
+        params: json!({ "n": n, "sweep": sweep, "sweep_size": SWEEP_SIZE, "fixed": FIXED, "mixed": MIXED,
+                        "runs": runs, "seed": opts.seed, "contenders": CONTENDERS }),
+        machine,
+        contenders: Vec::new(),
+        skipped: Vec::new(),
+        summary: SpeedSummary { n, sweep, malloc_library: lib, cells, targets, rounds },
+        runs: Vec::new(),
+        failures: failures.clone(),
+    };
+    let written = report::write_all(&common.results_dir, &report, &markdown, svg.as_deref())?;
+    Ok(Finished {
+        name: "region-speed".into(),
+        markdown,
+        written,
+        failures,
+    })
+}
+
+/// Medians per (configuration, contender).
+pub fn summarize(rounds: &[Round], cfgs: &[(Sizes, usize)]) -> Vec<Cell> {
+    let mut cells = Vec::new();
+    for (sz, k) in cfgs {
+        let label = sz.label();
+        for who in CONTENDERS {
+            let mine: Vec<&Round> = rounds
+                .iter()
+                .filter(|r| r.sizes == label && r.n == *k && r.contender == who)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let per = |xs: Vec<f64>| stats::median(&xs).map(|m| m / *k as f64);
+            let frees: Vec<f64> = mine.iter().filter_map(|r| r.free_ns).collect();
+            cells.push(Cell {
+                sizes: label.clone(),
+                n: *k,
+                contender: who.into(),
+                rounds: mine.len(),
+                alloc_ns_per_op: per(mine.iter().map(|r| r.alloc_ns).collect()),
+                free_ns_per_op: if frees.is_empty() { None } else { per(frees) },
+                free_all_ns: stats::median(&mine.iter().map(|r| r.free_all_ns).collect::<Vec<_>>()),
+                free_all_by: free_all_by(who).into(),
+            });
+        }
+    }
+    cells
+}
+
+fn cell<'a>(cells: &'a [Cell], sizes: &str, n: usize, who: &str) -> Option<&'a Cell> {
+    cells
+        .iter()
+        .find(|c| c.sizes == sizes && c.n == n && c.contender == who)
+}
+
+/// The issue's two speed targets.
+pub fn targets(cells: &[Cell], n: usize) -> Vec<Target> {
+    let mut out = Vec::new();
+    let mut all = true;
+    let mut parts = Vec::new();
+    let mut labels: Vec<String> = FIXED.iter().map(|s| Sizes::Fixed(*s).label()).collect();
+    labels.push(Sizes::Mixed(Vec::new()).label());
+    for l in &labels {
+        let r = cell(cells, l, n, "region").and_then(|c| c.alloc_ns_per_op);
+        let c = cell(cells, l, n, "canopy").and_then(|c| c.alloc_ns_per_op);
+        match stats::ratio(r, c) {
+            Some(x) => {
+                all &= x <= 1.0;
+                parts.push(format!("{l}: {} vs {} ({x:.2}x)", fmt_ns(r), fmt_ns(c)));
+            }
+            None => {
+                all = false;
+                parts.push(format!("{l}: not measured"));
+            }
+        }
+    }
+    out.push(Target {
+        target: format!("allocation in a region at least as fast as Canopy's malloc for the same sizes ({} objects)", fmt_count(n)),
+        measured: format!("ns per allocation, region vs canopy: {}", parts.join("; ")),
+        met: Some(all),
+    });
+    let l = Sizes::Fixed(SWEEP_SIZE).label();
+    let rf = cell(cells, &l, TARGET_N, "region").and_then(|c| c.free_all_ns);
+    let mut ratios = Vec::new();
+    let mut ok = rf.is_some();
+    for who in ["region", "canopy", "glibc"] {
+        let one = cell(cells, &l, TARGET_N, who)
+            .and_then(|c| c.free_ns_per_op.map(|f| f * TARGET_N as f64));
+        let r = stats::ratio(one, rf);
+        ok &= r.is_some_and(|r| r >= 100.0);
+        ratios.push(format!(
+            "{who} one by one {} = {}",
+            fmt_ns(one),
+            r.map_or_else(|| "–".into(), |r| format!("{r:.0}x"))
+        ));
+    }
+    out.push(Target {
+        target: format!(
+            "region free of {} objects ({l}) at least 100x faster than freeing them one by one",
+            fmt_count(TARGET_N)
+        ),
+        measured: match rf {
+            Some(t) => format!("rfree {}; {}", fmt_ns(Some(t)), ratios.join("; ")),
+            None => format!(
+                "not measured at this size (no {} x {} configuration)",
+                fmt_count(TARGET_N),
+                l
+            ),
+        },
+        met: rf.map(|_| ok),
+    });
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn markdown(
+    cells: &[Cell],
+    targets: &[Target],
+    n: usize,
+    sweep: &[usize],
+    lib: &str,
+    runs: usize,
+    size: Size,
+    machine: &Machine,
+    failures: &[String],
+) -> String {
+    let mut md = format!(
+        "# Allocation in a region and freeing a region (paper 002, §4.3)\n\n\
+         In-process, size `{}`: each configuration runs every contender in turn (one warm-up round, then {runs}+ \
+         interleaved rounds; more for small counts), medians reported. Objects get 8 bytes written when allocated. \
+         `glibc` is `libc::malloc`, resolved in `{lib}`; `canopy` is `canopy_alloc::alloc/free` called directly; \
+         `region` allocates in a fresh region of a long-lived `RegionAllocator` and frees one by one, or (second round) \
+         frees the region with `rfree`; `bumpalo` resets a long-lived `Bump`; `typed-arena` and `slab` store fixed-size \
+         values and are dropped (they have no mixed-size row). Times include the page faults an allocator causes \
+         itself: a contender that gives memory back to the kernel when its objects are freed (glibc trims its heap, \
+         `typed-arena` and `slab` free their buffers) touches fresh pages again in the next round, while the region \
+         allocator and `bumpalo` keep theirs.\n\n",
+        size.name()
+    );
+    md.push_str(&machine_markdown(machine));
+    let labels: Vec<String> = FIXED
+        .iter()
+        .map(|s| Sizes::Fixed(*s).label())
+        .chain(std::iter::once(Sizes::Mixed(Vec::new()).label()))
+        .collect();
+    let table = |title: &str, f: &dyn Fn(&Cell) -> String| {
+        let mut t =
+            Table::new(std::iter::once("contender".to_string()).chain(labels.iter().cloned()));
+        for who in CONTENDERS {
+            t.row(
+                std::iter::once(who.to_string()).chain(
+                    labels
+                        .iter()
+                        .map(|l| cell(cells, l, n, who).map_or_else(|| "–".into(), f)),
+                ),
+            );
+        }
+        format!("\n## {title}\n\n{}", t.render())
+    };
+    md.push_str(&table(
+        &format!("ns per allocation ({} objects)", fmt_count(n)),
+        &|c| fmt_ns(c.alloc_ns_per_op),
+    ));
+    md.push_str(&table(
+        &format!("ns per free, one by one ({} objects)", fmt_count(n)),
+        &|c| fmt_ns(c.free_ns_per_op),
+    ));
+    md.push_str(&table(
+        &format!("Time to free all {} objects", fmt_count(n)),
+        &|c| format!("{} ({})", fmt_ns(c.free_all_ns), c.free_all_by),
+    ));
+    let l = Sizes::Fixed(SWEEP_SIZE).label();
+    let _ = write!(md, "\n## Time to free everything, {l} objects\n\n");
+    let mut t = Table::new(
+        std::iter::once("objects".to_string())
+            .chain(
+                CONTENDERS
+                    .iter()
+                    .map(|c| format!("{c} ({})", free_all_by(c))),
+            )
+            .chain([
+                "region one by one / rfree".to_string(),
+                "rfree ns per object".to_string(),
+            ]),
+    );
+    for &k in sweep {
+        let rf = cell(cells, &l, k, "region").and_then(|c| c.free_all_ns);
+        let one = cell(cells, &l, k, "region").and_then(|c| c.free_ns_per_op.map(|f| f * k as f64));
+        t.row(
+            std::iter::once(fmt_count(k))
+                .chain(
+                    CONTENDERS
+                        .iter()
+                        .map(|w| fmt_ns(cell(cells, &l, k, w).and_then(|c| c.free_all_ns))),
+                )
+                .chain([
+                    stats::ratio(one, rf).map_or_else(|| "–".into(), |r| format!("{r:.0}x")),
+                    rf.map_or_else(|| "–".into(), |r| format!("{:.3}", r / k as f64)),
+                ]),
+        );
+    }
+    md.push_str(&t.render());
+    md.push_str("\n## Targets\n\n");
+    let mut t = Table::new(["target", "measured", "verdict"]);
+    for x in targets {
+        t.row([
+            x.target.clone(),
+            x.measured.clone(),
+            x.met.map_or("not measured", verdict).to_string(),
+        ]);
+    }
+    md.push_str(&t.render());
+    md.push_str(&super::failures_markdown(failures));
+    md
+}
+
+fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow!("drawing the chart failed: {e:?}")
+}
+
+const PALETTE: [RGBColor; 6] = [
+    RGBColor(0x1b, 0x9e, 0x77),
+    RGBColor(0x01, 0x66, 0x5e),
+    RGBColor(0x55, 0x55, 0x55),
+    RGBColor(0xd9, 0x5f, 0x02),
+    RGBColor(0x75, 0x70, 0xb3),
+    RGBColor(0xe6, 0xab, 0x02),
+];
+
+/// The chart: ns per allocation and per free by size (bars), and the time
+/// to free everything against the object count (log-log).
+pub fn render(cells: &[Cell], n: usize, sweep: &[usize]) -> Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1500, 520)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let root = root
+            .titled(
+                "Region allocation vs. malloc and arenas (paper 002 §4.3; lower is better)",
+                ("sans-serif", 20),
+            )
+            .map_err(err)?;
+        let (legend, body) = root.split_vertically(30);
+        let mut x = 60;
+        for (i, name) in CONTENDERS.iter().enumerate() {
+            legend
+                .draw(&Rectangle::new([(x, 8), (x + 12, 20)], PALETTE[i].filled()))
+                .map_err(err)?;
+            legend
+                .draw(&Text::new(
+                    *name,
+                    (x + 17, 7),
+                    ("sans-serif", 13).into_font(),
+                ))
+                .map_err(err)?;
+            x += 40 + 7 * name.len() as i32;
+        }
+        let areas = body.split_evenly((1, 3));
+        let labels: Vec<String> = FIXED
+            .iter()
+            .map(|s| Sizes::Fixed(*s).label())
+            .chain(std::iter::once(Sizes::Mixed(Vec::new()).label()))
+            .collect();
+        let bars = |area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+                    title: &str,
+                    f: fn(&Cell) -> Option<f64>|
+         -> Result<()> {
+            let ymax = cells
+                .iter()
+                .filter(|c| c.n == n)
+                .filter_map(f)
+                .fold(1.0f64, f64::max)
+                * 1.15;
+            let g = labels.len() as i32;
+            let mut cc = ChartBuilder::on(area)
+                .caption(title, ("sans-serif", 15))
+                .margin(10)
+                .x_label_area_size(30)
+                .y_label_area_size(50)
+                .build_cartesian_2d(
+                    (0..g * 1000)
+                        .with_key_points((0..g).map(|i| i * 1000 + 500).collect::<Vec<_>>()),
+                    0.0..ymax,
+                )
+                .map_err(err)?;
+            cc.configure_mesh()
+                .disable_x_mesh()
+                .light_line_style(WHITE)
+                .x_label_formatter(&|x| {
+                    if x % 1000 == 500 {
+                        labels.get((x / 1000) as usize).cloned().unwrap_or_default()
+                    } else {
+                        String::new()
+                    }
+                })
+                .y_desc("ns")
+                .draw()
+                .map_err(err)?;
+            let w = 800 / CONTENDERS.len() as i32;
+            for (si, who) in CONTENDERS.iter().enumerate() {
+                let rects = labels.iter().enumerate().filter_map(|(gi, l)| {
+                    let v = cell(cells, l, n, who).and_then(f)?;
+                    let x0 = gi as i32 * 1000 + 100 + si as i32 * w;
+                    Some(Rectangle::new(
+                        [(x0, 0.0), (x0 + w * 9 / 10, v)],
+                        PALETTE[si].filled(),
+                    ))
+                });
+                cc.draw_series(rects).map_err(err)?;
+            }
+            Ok(())
+        };
+        bars(
+            &areas[0],
+            &format!("ns per allocation ({} objects)", fmt_count(n)),
+            |c| c.alloc_ns_per_op,
+        )?;
+        bars(
+            &areas[1],
+            &format!("ns per free, one by one ({} objects)", fmt_count(n)),
+            |c| c.free_ns_per_op,
+        )?;
+        let l = Sizes::Fixed(SWEEP_SIZE).label();
+        let pts: Vec<(usize, f64, f64)> = CONTENDERS
+            .iter()
+            .enumerate()
+            .flat_map(|(i, w)| {
+                let l = l.clone();
+                sweep.iter().filter_map(move |&k| {
+                    cell(cells, &l, k, w)
+                        .and_then(|c| c.free_all_ns)
+                        .filter(|v| *v > 0.0)
+                        .map(|v| (i, (k as f64).log10(), v.log10()))
+                })
+            })
+            .collect();
+        let (ylo, yhi) = pts
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.2), b.max(p.2)));
+        let (ylo, yhi) = if pts.is_empty() {
+            (0.0, 1.0)
+        } else {
+            (ylo.floor(), yhi.ceil())
+        };
+        let xlo = (sweep.first().copied().unwrap_or(1000) as f64).log10();
+        let xhi = (sweep.last().copied().unwrap_or(1000) as f64)
+            .log10()
+            .max(xlo + 1.0);
+        let mut cc = ChartBuilder::on(&areas[2])
+            .caption(
+                format!("time to free all {l} objects (log-log)"),
+                ("sans-serif", 15),
+            )
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(xlo - 0.1..xhi + 0.1, ylo..yhi)
+            .map_err(err)?;
+        cc.configure_mesh()
+            .light_line_style(WHITE)
+            .x_labels((xhi - xlo) as usize + 1)
+            .x_label_formatter(&|x| format!("1e{x:.0}"))
+            .y_labels((yhi - ylo) as usize + 1)
+            .y_label_formatter(&|y| fmt_ns(Some(10f64.powf(*y))))
+            .x_desc("objects")
+            .draw()
+            .map_err(err)?;
+        for (i, _) in CONTENDERS.iter().enumerate() {
+            let line: Vec<(f64, f64)> = pts
+                .iter()
+                .filter(|p| p.0 == i)
+                .map(|p| (p.1, p.2))
+                .collect();
+            if line.is_empty() {
+                continue;
+            }
+            cc.draw_series(std::iter::once(PathElement::new(
+                line.clone(),
+                PALETTE[i].stroke_width(2),
+            )))
+            .map_err(err)?;
+            cc.draw_series(
+                line.into_iter()
+                    .map(|p| Circle::new(p, 3, PALETTE[i].filled())),
+            )
+            .map_err(err)?;
+        }
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_contender_runs_and_agrees() {
+        let mut b = Bench {
+            ra: RegionAllocator::new(),
+            bump: bumpalo::Bump::new(),
+            ptrs: Vec::new(),
+            keys: Vec::new(),
+        };
+        let (cfgs, sweep) = configs(500, 1000, 1);
+        assert_eq!(sweep, vec![1000]);
+        let mut rounds = Vec::new();
+        for (sz, k) in &cfgs {
+            let mut sums = Vec::new();
+            for who in CONTENDERS {
+                if let Some((a, f, fa, c)) = b.round(who, sz, *k).unwrap() {
+                    sums.push(c);
+                    rounds.push(Round {
+                        sizes: sz.label(),
+                        n: *k,
+                        contender: who.into(),
+                        rep: 0,
+                        alloc_ns: a,
+                        free_ns: f,
+                        free_all_ns: fa,
+                        checksum: c,
+                    });
+                }
+            }
+            assert!(
+                sums.len() >= 4 && sums.windows(2).all(|w| w[0] == w[1]),
+                "{sums:?}"
+            );
+        }
+        let cells = summarize(&rounds, &cfgs);
+        assert!(cell(&cells, "64 B", 1000, "region").is_some());
+        let t = targets(&cells, 500);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[1].met, None, "10^6 was not measured");
+        let svg = render(&cells, 500, &sweep).unwrap();
+        assert!(svg.starts_with("<svg"));
+        assert!(malloc_library() != "unknown");
+    }
+}
