@@ -8,6 +8,16 @@ use std::ptr::NonNull;
 
 use canopy_region::{RegionAllocator, RegionId};
 
+#[inline(never)]
+fn region_alloc(ra: &mut RegionAllocator, size: usize, r: RegionId) -> Result<NonNull<u8>, canopy_region::RegionError> {
+    ra.alloc(size, r)
+}
+
+#[inline(never)]
+fn region_free(ra: &mut RegionAllocator, p: NonNull<u8>) -> Result<(), canopy_region::RegionError> {
+    ra.free(p)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mode = args.get(1).map_or("region", String::as_str).to_owned();
@@ -24,12 +34,12 @@ fn main() {
         match mode.as_str() {
             "region" => {
                 for _ in 0..batch {
-                    ptrs.push(ra.alloc(black_box(size), r).unwrap());
+                    ptrs.push(region_alloc(&mut ra, black_box(size), r).unwrap());
                 }
                 ta += t0.elapsed();
                 let t1 = std::time::Instant::now();
                 for p in ptrs.drain(..) {
-                    ra.free(p).unwrap();
+                    region_free(&mut ra, p).unwrap();
                 }
                 tf += t1.elapsed();
             }

@@ -90,7 +90,8 @@ pub(crate) struct Slab {
     pub(crate) region: u32,
     pub(crate) prev: u32,
     pub(crate) next: u32,
-    /// SPAN: slabs in the object; BODY: the head's index.
+    /// SPAN: slabs in the object; BODY: the head's index; PARTIAL and
+    /// FULL: the first bitmap word that may have a free slot.
     pub(crate) span: u32,
     /// Live objects.
     pub(crate) live: u32,
@@ -603,6 +604,44 @@ impl RegionAllocator {
     /// granule); larger ones span consecutive slabs (slab-aligned).
     #[inline]
     pub fn alloc(&mut self, size: usize, rid: RegionId) -> Result<NonNull<u8>, RegionError> {
+        // Fast path: a live region, a small size, a partial slab whose first
+        // bitmap word has a free slot and that does not fill up.  Everything
+        // else is `alloc_slow`, out of line, so this stays short.
+        let s = rid.slot();
+        if let Some(r) = self.regions.get(s) {
+            if r.key == rid.get() && size <= self.cfg.slab_size {
+                let class = self.class_of(size);
+                // SAFETY: class <= slab size / granule < partial.len().
+                let sid = unsafe { *r.partial.get_unchecked(class) };
+                if sid != NIL {
+                    // SAFETY: list members index the slab table; `bits` has
+                    // `wps` >= 1 words per slab.
+                    // The slab's `span` field holds, for a slab of slots, the
+                    // first bitmap word that may have a free slot (< wps).
+                    unsafe {
+                        let sl = &mut *self.slabs.as_mut_ptr().add(sid as usize);
+                        let w = sl.span as usize;
+                        debug_assert!(w < self.wps);
+                        let word = &mut *self.bits.as_mut_ptr().add(sid as usize * self.wps + w);
+                        let x = *word;
+                        if x != 0 && sl.live + 1 < *self.slots.get_unchecked(class) {
+                            *word = x & (x - 1);
+                            sl.live += 1;
+                            self.stats.allocs += 1;
+                            let idx = w * 64 + x.trailing_zeros() as usize;
+                            let addr = sl.addr + idx * (class << self.granule_shift);
+                            return Ok(NonNull::new_unchecked(addr as *mut u8));
+                        }
+                    }
+                }
+            }
+        }
+        self.alloc_slow(size, rid)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&mut self, size: usize, rid: RegionId) -> Result<NonNull<u8>, RegionError> {
         let ri = self.slot_of(rid)?;
         let a = if size <= self.cfg.slab_size {
             self.alloc_small(ri, self.class_of(size))?
@@ -636,15 +675,16 @@ impl RegionAllocator {
         // the scan stops inside its words.
         unsafe {
             let words = self.bits.as_mut_ptr().add(sid as usize * wps);
-            let mut w = 0;
+            let s = self.slabs.get_unchecked_mut(sid as usize);
+            let mut w = s.span as usize;
             while *words.add(w) == 0 {
                 w += 1;
             }
             debug_assert!(w < wps);
+            s.span = w as u32;
             let x = *words.add(w);
             *words.add(w) = x & (x - 1);
             let idx = w * 64 + x.trailing_zeros() as usize;
-            let s = self.slabs.get_unchecked_mut(sid as usize);
             s.live += 1;
             let addr = s.addr + idx * (class << self.granule_shift);
             if s.live == *self.slots.get_unchecked(class) {
@@ -703,6 +743,7 @@ impl RegionAllocator {
         s.state = state::PARTIAL;
         s.class = class as u16;
         s.live = 0;
+        s.span = 0;
         s.region = ri as u32;
         let r = &mut self.regions[ri];
         push(&mut self.slabs, &mut r.partial[class], sid);
@@ -896,6 +937,7 @@ impl RegionAllocator {
                 let bit = 1u64 << (idx % 64);
                 if *word & bit == 0 {
                     *word |= bit;
+                    s.span = s.span.min((idx / 64) as u32);
                     s.live -= 1;
                     let live = s.live;
                     self.stats.frees += 1;
@@ -1260,6 +1302,10 @@ impl RegionAllocator {
                                 return Err(format!("slab {:#x} of class {c} on another class's list", s.addr));
                             }
                             let free: u32 = (0..self.wps).map(|w| self.bits[x as usize * self.wps + w].count_ones()).sum();
+                            let cursor = s.span as usize;
+                            if cursor >= self.wps || (0..cursor).any(|w| self.bits[x as usize * self.wps + w] != 0) {
+                                return Err(format!("slab {:#x}: free-word cursor {cursor} is past a free slot", s.addr));
+                            }
                             if free + s.live != self.slots[c] || s.live == 0 || (want == state::FULL) != (free == 0) {
                                 return Err(format!("slab {:#x}: {} live + {free} free != {} slots", s.addr, s.live, self.slots[c]));
                             }

@@ -464,6 +464,7 @@ impl RegionAllocator {
                     sl.region = ri as u32;
                     sl.class = class;
                     sl.live = live;
+                    sl.span = 0;
                     sl.state = if full { state::FULL } else { state::PARTIAL };
                     let r = &mut self.regions[ri];
                     if full {

@@ -431,8 +431,10 @@ mod model {
     proptest! {
         #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
         #[test]
-        fn behaves_like_the_model(ops in proptest::collection::vec(op(), 1..160)) {
-            let cfg = Config { high_watermark: 3, low_watermark: 1, max_pages: 8, ..Config::default() };
+        fn behaves_like_the_model(ops in proptest::collection::vec(op(), 1..160), small_granule in any::<bool>()) {
+            // A 16 B granule gives slabs of up to 256 slots: four bitmap words.
+            let granule = if small_granule { 16 } else { 64 };
+            let cfg = Config { granule, high_watermark: 3, low_watermark: 1, max_pages: 8, ..Config::default() };
             let mut ra = RegionAllocator::with_config(cfg).unwrap();
             // Model: live regions (with parents) and live objects.
             let mut regions: Vec<(RegionId, Option<RegionId>)> = vec![(RegionId::ROOT, None)];

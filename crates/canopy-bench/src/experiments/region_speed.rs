@@ -7,6 +7,7 @@
 //! | contender | allocate | free one | free everything |
 //! |---|---|---|---|
 //! | `region` | `RegionAllocator::alloc` in a region | `free` | `rfree` of the region |
+//! | `region-g16` | the same with a 16 B slot granule (default 64 B) | `free` | `rfree` |
 //! | `canopy` | `canopy_alloc::alloc` | `canopy_alloc::free` | one by one |
 //! | `glibc` | `libc::malloc` (checked to be glibc's) | `free` | one by one |
 //! | `bumpalo` | `Bump::alloc_layout` | – | `Bump::reset` |
@@ -39,8 +40,9 @@ use crate::report::{self, Machine, Report, Size, Table};
 use crate::stats;
 
 /// The contenders, in run order.
-pub const CONTENDERS: [&str; 6] = [
+pub const CONTENDERS: [&str; 7] = [
     "region",
+    "region-g16",
     "canopy",
     "glibc",
     "bumpalo",
@@ -207,6 +209,12 @@ pub fn malloc_library() -> String {
         .into_owned()
 }
 
+/// The `region-g16` contender's allocator.
+fn region_g16() -> Result<RegionAllocator> {
+    RegionAllocator::with_config(canopy_region::Config { granule: 16, ..canopy_region::Config::default() })
+        .map_err(|e| anyhow!("region allocator with a 16 B granule: {e}"))
+}
+
 /// Whether `malloc` is glibc's and nothing is preloaded over it.
 pub fn malloc_is_glibc(lib: &str) -> bool {
     lib.contains("libc.so") && std::env::var_os("LD_PRELOAD").map_or(true, |v| v.is_empty())
@@ -235,6 +243,8 @@ fn ns(t: Instant) -> f64 {
 /// The state that lives across rounds (warm allocators, as in a long-running program).
 struct Bench {
     ra: RegionAllocator,
+    /// A region allocator with a 16 B slot granule (the default is 64 B).
+    ra16: RegionAllocator,
     bump: bumpalo::Bump,
     ptrs: Vec<*mut u8>,
     keys: Vec<usize>,
@@ -403,6 +413,13 @@ impl Bench {
     fn round(&mut self, who: &str, sz: &Sizes, n: usize) -> Result<Option<Measured>> {
         Ok(Some(match (who, sz) {
             ("region", _) => self.region(sz, n)?,
+            ("region-g16", _) => {
+                // The same code on the allocator with a 16 B slot granule.
+                std::mem::swap(&mut self.ra, &mut self.ra16);
+                let r = self.region(sz, n);
+                std::mem::swap(&mut self.ra, &mut self.ra16);
+                r?
+            }
             ("canopy", _) => self.canopy(sz, n)?,
             ("glibc", _) => self.glibc(sz, n)?,
             ("bumpalo", _) => self.bumpalo(sz, n)?,
@@ -419,7 +436,7 @@ impl Bench {
 
 fn free_all_by(who: &str) -> &'static str {
     match who {
-        "region" => "rfree",
+        "region" | "region-g16" => "rfree",
         "bumpalo" => "reset",
         "typed-arena" | "slab" => "drop",
         _ => "free one by one",
@@ -471,6 +488,7 @@ pub fn run(common: &RegionCommon, opts: &SpeedOptions) -> Result<Finished> {
     let pb = crate::progress::bar(total as u64, "region-speed");
     let mut b = Bench {
         ra: RegionAllocator::new(),
+        ra16: region_g16()?,
         bump: bumpalo::Bump::new(),
         ptrs: Vec::with_capacity(n.max(max_n)),
         keys: Vec::with_capacity(n.max(max_n)),
@@ -588,29 +606,34 @@ fn cell<'a>(cells: &'a [Cell], sizes: &str, n: usize, who: &str) -> Option<&'a C
 /// The two speed targets.
 pub fn targets(cells: &[Cell], n: usize) -> Vec<Target> {
     let mut out = Vec::new();
-    let mut all = true;
-    let mut parts = Vec::new();
     let mut labels: Vec<String> = FIXED.iter().map(|s| Sizes::Fixed(*s).label()).collect();
     labels.push(Sizes::Mixed(Vec::new()).label());
-    for l in &labels {
-        let r = cell(cells, l, n, "region").and_then(|c| c.alloc_ns_per_op);
-        let c = cell(cells, l, n, "canopy").and_then(|c| c.alloc_ns_per_op);
-        match stats::ratio(r, c) {
-            Some(x) => {
-                all &= x <= 1.0;
-                parts.push(format!("{l}: {} vs {} ({x:.2}x)", fmt_ns(r), fmt_ns(c)));
-            }
-            None => {
-                all = false;
-                parts.push(format!("{l}: not measured"));
+    for (who, what) in [("region", "64 B slot granule, the default"), ("region-g16", "16 B slot granule")] {
+        let mut all = true;
+        let mut parts = Vec::new();
+        for l in &labels {
+            let r = cell(cells, l, n, who).and_then(|c| c.alloc_ns_per_op);
+            let c = cell(cells, l, n, "canopy").and_then(|c| c.alloc_ns_per_op);
+            match stats::ratio(r, c) {
+                Some(x) => {
+                    all &= x <= 1.0;
+                    parts.push(format!("{l}: {} vs {} ({x:.2}x)", fmt_ns(r), fmt_ns(c)));
+                }
+                None => {
+                    all = false;
+                    parts.push(format!("{l}: not measured"));
+                }
             }
         }
+        out.push(Target {
+            target: format!(
+                "allocation in a region ({what}) at least as fast as Canopy's malloc for the same sizes ({} objects)",
+                fmt_count(n)
+            ),
+            measured: format!("ns per allocation, {who} vs canopy: {}", parts.join("; ")),
+            met: Some(all),
+        });
     }
-    out.push(Target {
-        target: format!("allocation in a region at least as fast as Canopy's malloc for the same sizes ({} objects)", fmt_count(n)),
-        measured: format!("ns per allocation, region vs canopy: {}", parts.join("; ")),
-        met: Some(all),
-    });
     let l = Sizes::Fixed(SWEEP_SIZE).label();
     let rf = cell(cells, &l, TARGET_N, "region").and_then(|c| c.free_all_ns);
     let mut ratios = Vec::new();
@@ -750,8 +773,9 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("drawing the chart failed: {e:?}")
 }
 
-const PALETTE: [RGBColor; 6] = [
+const PALETTE: [RGBColor; CONTENDERS.len()] = [
     RGBColor(0x1b, 0x9e, 0x77),
+    RGBColor(0x66, 0xa6, 0x1e),
     RGBColor(0x01, 0x66, 0x5e),
     RGBColor(0x55, 0x55, 0x55),
     RGBColor(0xd9, 0x5f, 0x02),
@@ -930,6 +954,7 @@ mod tests {
     fn every_contender_runs_and_agrees() {
         let mut b = Bench {
             ra: RegionAllocator::new(),
+            ra16: region_g16().unwrap(),
             bump: bumpalo::Bump::new(),
             ptrs: Vec::new(),
             keys: Vec::new(),
