@@ -302,12 +302,16 @@ fn coalesce(mut v: Vec<(usize, usize)>) -> Vec<Run> {
 
 impl RegionAllocator {
     /// The regions of the subtree at `rid`, parents before children.
-    fn subtree(&self, rid: RegionId) -> Result<Vec<u32>, RegionError> {
+    fn subtree(&self, rid: RegionId, max_depth: u32) -> Result<Vec<u32>, RegionError> {
         let s = self.slot_of(rid)?;
+        let top = self.regions[s].depth;
         let mut order = Vec::new();
         let mut stack = vec![s as u32];
         while let Some(x) = stack.pop() {
             order.push(x);
+            if self.regions[x as usize].depth - top >= max_depth {
+                continue;
+            }
             let mut c = self.regions[x as usize].first_child;
             while c != NIL {
                 stack.push(c);
@@ -333,8 +337,15 @@ impl RegionAllocator {
     /// length) runs in address order, adjacent slabs coalesced.  Empty slabs
     /// kept by the regions are not included.
     pub fn pack_runs(&self, rid: RegionId) -> Result<Vec<Run>, RegionError> {
+        self.pack_runs_to_depth(rid, u32::MAX)
+    }
+
+    /// [`pack_runs`](Self::pack_runs) of `rid` and its descendants at most
+    /// `depth` levels below it (0: the region alone), e.g. the top levels of
+    /// a tree kept one region per level.
+    pub fn pack_runs_to_depth(&self, rid: RegionId, depth: u32) -> Result<Vec<Run>, RegionError> {
         let mut v = Vec::new();
-        for s in self.subtree(rid)? {
+        for s in self.subtree(rid, depth)? {
             self.for_each_used_slab(s, |x| {
                 let sl = &self.slabs[x as usize];
                 let n = if sl.state == state::SPAN { sl.span as usize } else { 1 };
@@ -347,7 +358,13 @@ impl RegionAllocator {
     /// Pack region `rid` and its descendants: the runs plus the description
     /// a receiver needs to rebuild them.
     pub fn pack(&self, rid: RegionId) -> Result<Packed, RegionError> {
-        let order = self.subtree(rid)?;
+        self.pack_to_depth(rid, u32::MAX)
+    }
+
+    /// [`pack`](Self::pack) of `rid` and its descendants at most `depth`
+    /// levels below it (0: the region alone).
+    pub fn pack_to_depth(&self, rid: RegionId, depth: u32) -> Result<Packed, RegionError> {
+        let order = self.subtree(rid, depth)?;
         let mut regions = Vec::with_capacity(order.len());
         let mut slabs = Vec::new();
         let mut v = Vec::new();

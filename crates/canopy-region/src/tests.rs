@@ -241,6 +241,26 @@ fn packed_list_is_a_few_runs() {
 }
 
 #[test]
+fn packing_stops_at_a_depth() {
+    let mut ra = RegionAllocator::new();
+    let mut levels = vec![ra.ralloc(RegionId::ROOT, 0).unwrap()];
+    for d in 1..4 {
+        let r = ra.ralloc(levels[d - 1], d as i32).unwrap();
+        levels.push(r);
+    }
+    for (d, &r) in levels.iter().enumerate() {
+        ra.balloc(64, r, 64 * (d + 1)).unwrap(); // d + 1 full slabs per level
+    }
+    let bytes = |runs: &[Run]| runs.iter().map(|r| r.len).sum::<usize>();
+    assert_eq!(bytes(&ra.pack_runs_to_depth(levels[0], 0).unwrap()), 4096);
+    assert_eq!(bytes(&ra.pack_runs_to_depth(levels[0], 1).unwrap()), 3 * 4096);
+    assert_eq!(bytes(&ra.pack_runs(levels[0]).unwrap()), 10 * 4096);
+    let p = ra.pack_to_depth(levels[1], 1).unwrap();
+    assert_eq!(p.regions.iter().map(|r| r.id).collect::<Vec<_>>(), vec![levels[1], levels[2]]);
+    assert_eq!(p.bytes(), 5 * 4096);
+}
+
+#[test]
 fn malformed_packs_are_refused() {
     let mut ra = RegionAllocator::new();
     let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
