@@ -987,8 +987,8 @@ mod tests {
         let cells = summarize(&rounds, &cfgs);
         assert!(cell(&cells, "64 B", 1000, "region").is_some());
         let t = targets(&cells, 500);
-        assert_eq!(t.len(), 2);
-        assert_eq!(t[1].met, None, "10^6 was not measured");
+        assert_eq!(t.len(), 3, "allocation with both granules, region free");
+        assert_eq!(t[2].met, None, "10^6 was not measured");
         let svg = render(&cells, 500, &sweep).unwrap();
         assert!(svg.starts_with("<svg"));
         assert!(malloc_library() != "unknown");
