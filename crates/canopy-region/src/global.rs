@@ -2,19 +2,66 @@
 //! programs that want regions shared by threads without managing an
 //! allocator themselves.  Its configuration comes from the `CANOPY_REGION_*`
 //! variables ([`Config::from_env`]) on first use.
+//!
+//! The lock is held across `fork()` (taken in the prepare handler, released
+//! in the parent and reset in the child), so a child of a multithreaded
+//! program finds the allocator consistent and can go on using it.
 
-use std::sync::Mutex;
+use core::cell::UnsafeCell;
+use std::sync::Once;
+
+use canopy_sync::RawLock;
 
 use crate::{Config, RegionAllocator, RegionError};
 
-static GLOBAL: Mutex<Option<RegionAllocator>> = Mutex::new(None);
+struct Global {
+    lock: RawLock,
+    ra: UnsafeCell<Option<RegionAllocator>>,
+}
+
+// SAFETY: `ra` is only touched with `lock` held.
+unsafe impl Sync for Global {}
+
+static GLOBAL: Global = Global { lock: RawLock::new(), ra: UnsafeCell::new(None) };
+static ATFORK: Once = Once::new();
+
+extern "C" fn fork_prepare() {
+    GLOBAL.lock.lock();
+}
+
+extern "C" fn fork_parent() {
+    GLOBAL.lock.unlock();
+}
+
+extern "C" fn fork_child() {
+    // The child has one thread, this one, which took the lock in prepare.
+    GLOBAL.lock.force_unlock();
+}
+
+/// Releases the lock when dropped (also if `f` panics in a test build).
+struct Held;
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        GLOBAL.lock.unlock();
+    }
+}
 
 /// Run `f` on the process-wide allocator (made on first use).  Fails only
-/// if the `CANOPY_REGION_*` configuration is invalid.
+/// if the `CANOPY_REGION_*` configuration is invalid.  `f` must not call
+/// back into this function (the lock is not reentrant).
 pub fn with<R>(f: impl FnOnce(&mut RegionAllocator) -> R) -> Result<R, RegionError> {
-    let mut g = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
-    if g.is_none() {
-        *g = Some(RegionAllocator::with_config(Config::from_env()?)?);
+    ATFORK.call_once(|| {
+        // SAFETY: registering plain extern "C" functions that only touch the lock.
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    });
+    GLOBAL.lock.lock();
+    let _held = Held;
+    // SAFETY: the lock is held until `_held` drops, so this is the only
+    // reference to the allocator.
+    let slot = unsafe { &mut *GLOBAL.ra.get() };
+    if slot.is_none() {
+        *slot = Some(RegionAllocator::with_config(Config::from_env()?)?);
     }
-    Ok(f(g.as_mut().expect("made above")))
+    Ok(f(slot.as_mut().expect("made above")))
 }

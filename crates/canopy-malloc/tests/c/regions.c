@@ -1,6 +1,8 @@
 /* The region API of canopy.h, linked against libcanopy_malloc.
  * Prints "regions ok" and exits 0 on success; a failure prints what and exits 1. */
 #include <errno.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -81,6 +83,27 @@ int main(void) {
     CHECK(canopy_region_alloc(10, 987654321) == NULL && strstr(canopy_region_error(), "does not exist"));
     CHECK(canopy_rfree(CANOPY_REGION_ROOT) == -1 && strstr(canopy_region_error(), "root"));
     CHECK(canopy_region_balloc(10, a, 5, NULL) == -1);
+
+    /* fork() while threads are inside region calls: the child can go on. */
+    {
+        pthread_t busy[2];
+        for (int i = 0; i < 2; i++) CHECK(pthread_create(&busy[i], NULL, worker, (void *)(uintptr_t)a) == 0);
+        for (int k = 0; k < 20; k++) {
+            pid_t pid = fork();
+            CHECK(pid >= 0);
+            if (pid == 0) {
+                canopy_rid_t r = canopy_ralloc(a, 3);
+                void *objs2[1000];
+                int ok = r != 0 && canopy_region_balloc(100, r, 1000, objs2) == 0 && canopy_rfree(r) == 0 &&
+                         canopy_region_of(head) == b;
+                _exit(ok ? 0 : 7);
+            }
+            int status = 0;
+            CHECK(waitpid(pid, &status, 0) == pid);
+            CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        }
+        for (int i = 0; i < 2; i++) pthread_join(busy[i], NULL);
+    }
 
     /* Threads create and free regions under a shared parent. */
     pthread_t t[4];
