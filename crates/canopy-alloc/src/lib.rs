@@ -298,6 +298,15 @@ fn alloc_aligned_inner(size: usize, align: usize, zero: bool) -> *mut u8 {
     p
 }
 
+/// Initialise the allocator now (it otherwise starts on first use).  Layers
+/// that register their own `fork()` handlers call this first, so that the
+/// allocator's handlers run innermost: their locks are taken last before a
+/// fork and released first after it.  Returns false if the arena could not
+/// be reserved.
+pub fn init() -> bool {
+    thread::ensure_init()
+}
+
 /// Allocate a descriptor of `desc_size` bytes together with `data_size` bytes
 /// of data aligned to `data_align` (a power of two) in one block.  Returns
 /// `(descriptor, data)`; freeing the descriptor frees both.

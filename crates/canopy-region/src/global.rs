@@ -52,6 +52,10 @@ impl Drop for Held {
 /// back into this function (the lock is not reentrant).
 pub fn with<R>(f: impl FnOnce(&mut RegionAllocator) -> R) -> Result<R, RegionError> {
     ATFORK.call_once(|| {
+        // Lock order: region lock, then the allocator's (region calls
+        // allocate).  Prepare handlers run in reverse order of registration,
+        // so the allocator's must be registered first: initialise it now.
+        canopy_alloc::init();
         // SAFETY: registering plain extern "C" functions that only touch the lock.
         unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     });
