@@ -116,15 +116,25 @@ fn c_api_default_and_check_mode() {
 #[test]
 fn c_region_api_linked() {
     let exe = compile_linked("regions");
-    for check in [false, true] {
-        let out = Command::new(&exe).env("CANOPY_CHECK", if check { "1" } else { "0" }).output().expect("run regions");
-        expect_ok(&out, "regions ok", &format!("regions (check={check})"));
+    // cargo points LD_LIBRARY_PATH at target/debug, which would win over the
+    // rpath and load a debug build of the library: run with the rpath alone.
+    let run = |check: &str, free_with_free: bool| {
+        let mut c = Command::new(&exe);
+        c.env_remove("LD_LIBRARY_PATH").env("CANOPY_CHECK", check);
+        if free_with_free {
+            c.env("REGIONS_FREE_REGION_OBJECT_WITH_FREE", "1");
+        }
+        c.output().expect("run regions")
+    };
+    for check in ["0", "1"] {
+        let out = run(check, false);
+        expect_ok(&out, "regions ok", &format!("regions (CANOPY_CHECK={check})"));
     }
     // free() of a region object is refused with a message naming the region API.
-    let out = Command::new(&exe).env("CANOPY_CHECK", "0").env("REGIONS_FREE_REGION_OBJECT_WITH_FREE", "1").output().expect("run regions");
+    let out = run("0", true);
     expect_ok(&out, "regions ok", "regions with free() of a region object");
     assert!(text(&out.stderr).contains("lent to a region allocator"), "stderr: {}", text(&out.stderr));
-    let out = Command::new(&exe).env("CANOPY_CHECK", "1").env("REGIONS_FREE_REGION_OBJECT_WITH_FREE", "1").output().expect("run regions");
+    let out = run("1", true);
     assert!(!out.status.success() && text(&out.stderr).contains("lent to a region allocator"), "check mode aborts: {}", text(&out.stderr));
 }
 
