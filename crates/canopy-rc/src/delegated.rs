@@ -1,0 +1,238 @@
+//! Delegated asynchronous reference counting (paper 003 §4) as a runtime:
+//! the counting threads, and one sender per mutator thread.
+//!
+//! - Counting threads start on the first use of a [`Delegated`] array; their
+//!   number is fixed then: [`set_counting_threads`] before first use, else
+//!   `CANOPY_RC_COUNTERS`, else 1.  An object's counting thread is a fixed
+//!   function of its address.
+//! - `clone` and `drop` append a one-word message to the calling thread's
+//!   batch for that counting thread (no atomic operation, no waiting); a full
+//!   batch (256 words) is shipped over a bounded ring (64 batches).  A full
+//!   ring makes the mutator wait (back-pressure).
+//! - [`flush`] ships the calling thread's partial batches; with-loops flush
+//!   every worker at their end, and a thread flushes when it ends.  Until
+//!   then, its operations are pending (an object can outlive its last
+//!   reference by that long).
+//! - `getrc` ships the batch with a query and waits for the answer.
+//! - A counting thread spins while work arrives, then yields, then parks;
+//!   a sender wakes a parked one.
+//!
+//! The protocol itself is in `delegate.rs` and modelled in `tests/loom.rs`.
+//!
+//! [`Delegated`]: crate::Delegated
+
+use std::cell::RefCell;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use canopy_sync::prim::{fence, AtomicUsize, Ordering};
+
+use crate::delegate::{Domain, Sender, TraceSample};
+
+static REQUESTED: AtomicUsize = AtomicUsize::new(0);
+static DOMAIN: OnceLock<Arc<Domain>> = OnceLock::new();
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+/// The counting threads have already started with this many threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlreadyStarted(pub usize);
+
+impl core::fmt::Display for AlreadyStarted {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "delegated counting already started with {} counting thread(s)", self.0)
+    }
+}
+
+impl std::error::Error for AlreadyStarted {}
+
+/// Choose the number of counting threads (at least 1).  Only before the
+/// first delegated array exists; afterwards the mapping of objects to
+/// counting threads is fixed and this returns an error.
+pub fn set_counting_threads(n: usize) -> Result<(), AlreadyStarted> {
+    if let Some(d) = DOMAIN.get() {
+        return if d.counters.len() == n.max(1) { Ok(()) } else { Err(AlreadyStarted(d.counters.len())) };
+    }
+    REQUESTED.store(n.max(1), Ordering::Relaxed);
+    match DOMAIN.get() {
+        Some(d) if d.counters.len() != n.max(1) => Err(AlreadyStarted(d.counters.len())),
+        _ => Ok(()),
+    }
+}
+
+/// The number of counting threads (starting them if needed).
+pub fn counting_threads() -> usize {
+    domain().counters.len()
+}
+
+fn domain() -> &'static Arc<Domain> {
+    DOMAIN.get_or_init(|| {
+        let mut n = REQUESTED.load(Ordering::Relaxed);
+        if n == 0 {
+            n = std::env::var("CANOPY_RC_COUNTERS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(1);
+        }
+        let d = Arc::new(Domain::new(n.max(1)));
+        EPOCH.get_or_init(Instant::now);
+        for i in 0..d.counters.len() {
+            let dd = d.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("canopy-rc-count-{i}"))
+                .spawn(move || counting_thread(dd, i))
+                .expect("canopy-rc: cannot start a counting thread");
+            d.set_waker(i, h.thread().clone());
+        }
+        d
+    })
+}
+
+thread_local! {
+    static SENDER: RefCell<Option<Sender>> = const { RefCell::new(None) };
+}
+
+/// Run `f` on this thread's sender (created on first use).  During thread
+/// teardown, on a temporary sender that is flushed at once.
+#[inline(always)]
+pub(crate) fn with_sender<R>(f: impl FnOnce(&mut Sender) -> R) -> R {
+    let mut f = Some(f);
+    let r = SENDER.try_with(|s| match s.try_borrow_mut() {
+        Ok(mut s) => {
+            let s = s.get_or_insert_with(|| Sender::new(domain().clone(), true));
+            Some((f.take().expect("called once"))(s))
+        }
+        Err(_) => None,
+    });
+    match r {
+        Ok(Some(r)) => r,
+        _ => {
+            let mut s = Sender::new(domain().clone(), true);
+            let r = (f.take().expect("called once"))(&mut s);
+            drop(s); // flushes and closes its lanes
+            r
+        }
+    }
+}
+
+/// Ship the calling thread's pending count operations to the counting
+/// threads (they are applied soon after, without waiting here).
+pub fn flush() {
+    if DOMAIN.get().is_none() {
+        return;
+    }
+    let _ = SENDER.try_with(|s| {
+        if let Ok(mut s) = s.try_borrow_mut() {
+            if let Some(s) = s.as_mut() {
+                s.flush();
+            }
+        }
+    });
+}
+
+/// [`flush`] on every thread of the current rayon pool and on the caller.
+pub(crate) fn flush_all_workers() {
+    if DOMAIN.get().is_none() {
+        return;
+    }
+    rayon::broadcast(|_| flush());
+    flush();
+}
+
+/// Count operations shipped to the counting threads and not applied yet
+/// (operations still in a mutator's partial batch are not included).
+pub fn pending() -> u64 {
+    DOMAIN.get().map_or(0, |d| d.counters.iter().map(|c| c.pending()).sum())
+}
+
+/// Objects freed by the counting threads so far.
+pub fn released() -> u64 {
+    DOMAIN.get().map_or(0, |d| d.counters.iter().map(|c| c.released.load(Ordering::Relaxed)).sum())
+}
+
+/// Wait until every operation shipped so far has been applied (after a
+/// [`flush`] on each thread that issued some, this means they all were).
+pub fn quiesce() {
+    while pending() > 0 {
+        std::thread::yield_now();
+    }
+}
+
+/// Start recording, on each counting thread, the number of pending
+/// operations over time (clears earlier samples).
+pub fn trace_start() {
+    let d = domain();
+    for c in &d.counters {
+        c.trace.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        c.tracing.store(true, Ordering::Release);
+    }
+}
+
+/// Stop recording and take the samples: per counting thread, (nanoseconds
+/// since the counting threads started, pending operations).
+pub fn trace_take() -> Vec<Vec<TraceSample>> {
+    let Some(d) = DOMAIN.get() else { return Vec::new() };
+    d.counters
+        .iter()
+        .map(|c| {
+            c.tracing.store(false, Ordering::Release);
+            core::mem::take(&mut *c.trace.lock().unwrap_or_else(|p| p.into_inner()))
+        })
+        .collect()
+}
+
+/// Nanoseconds since the counting threads started (the trace's clock).
+pub fn trace_clock() -> u64 {
+    EPOCH.get().map_or(0, |e| e.elapsed().as_nanos() as u64)
+}
+
+const TRACE_MAX: usize = 1 << 20;
+
+fn counting_thread(d: Arc<Domain>, i: usize) {
+    // This thread sends too (dropping objects whose elements are delegated
+    // arrays), but must never wait for a mutator: a non-blocking sender.
+    let _ = SENDER.try_with(|s| *s.borrow_mut() = Some(Sender::new(d.clone(), false)));
+    let c = d.counters[i].clone();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    let mut idle: u32 = 0;
+    let mut last_sample = 0u64;
+    loop {
+        // SAFETY: this thread is counter i's only drainer.
+        let n = unsafe { c.drain() };
+        if n > 0 {
+            idle = 0;
+        }
+        if c.tracing.load(Ordering::Relaxed) {
+            let t = epoch.elapsed().as_nanos() as u64;
+            if t >= last_sample + 1_000 || n == 0 && idle == 1 {
+                last_sample = t;
+                let mut tr = c.trace.lock().unwrap_or_else(|p| p.into_inner());
+                if tr.len() < TRACE_MAX {
+                    tr.push((t, c.pending()));
+                }
+            }
+        }
+        let _ = SENDER.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut() {
+                if let Some(s) = s.as_mut() {
+                    s.retry();
+                    s.flush();
+                }
+            }
+        });
+        if n > 0 {
+            continue;
+        }
+        idle += 1;
+        if idle < 20_000 {
+            core::hint::spin_loop();
+        } else if idle < 22_000 {
+            std::thread::yield_now();
+        } else {
+            // SeqCst store + fence: pairs with the fence in `Domain::wake`.
+            c.sleeping.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if !c.has_work() {
+                std::thread::park_timeout(Duration::from_millis(20));
+            }
+            c.sleeping.store(false, Ordering::SeqCst);
+            idle = 19_000;
+        }
+    }
+}
