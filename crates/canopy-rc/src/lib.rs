@@ -32,13 +32,13 @@
 //!
 //! ## With-loops
 //! ```
-//! use canopy_rc::{fold, genarray, Array, Gen, Local};
+//! use canopy_rc::{fold, genarray, Array, Gen};
 //!
 //! // The 6x7 example of paper 003, Fig. 2, with bar(A, iv) = iv[0] + iv[1].
 //! // Expressions may run on several threads, so the arrays they read are
 //! // of a shared policy (`Array<_, Local>` is not `Sync`).
 //! let b: Array<i32> = Array::filled(&[6, 7], 9);
-//! let c: Array<i32, Local> = genarray(&[6, 7], 1, &[
+//! let c: Array<i32> = genarray(&[6, 7], 1, &[
 //!     Gen::new(&[3, 0], &[6, 4], |iv| (iv[0] + iv[1]) as i32),
 //!     Gen::new(&[0, 4], &[6, 7], |iv| b[iv]),
 //! ]);
