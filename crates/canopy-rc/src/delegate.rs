@@ -5,46 +5,60 @@
 //! - *counting thread*: owns the counts of the objects mapped to it
 //!   ([`Domain::counter_of`], a fixed function of the address); it alone
 //!   reads or writes those counts after creation.
-//! - *sender*: one per mutator thread; buffers count operations in a
-//!   *batch* per counting thread and ships a full batch over its *lane*.
-//! - *lane*: one sender's wire to one counting thread: a `full` ring of
-//!   batches (sender to counter) and an `empty` ring (batches sent back for
-//!   reuse).  One lane per (sender, counter) pair, so a sender's operations
-//!   reach its counting thread in the order issued.
+//! - *sender*: one per mutator thread, with one *lane* per counting thread.
+//! - *lane*: a bounded ring of words from one sender to one counting thread
+//!   (`ring.rs`), so a sender's operations on an object arrive in the order
+//!   it issued them.
 //! - *message*: one word, the object's address with the operation in the two
-//!   low bits (objects are 16-byte aligned): increment, decrement, or query;
+//!   low bits (objects are 16-byte aligned): increment, decrement or query;
 //!   a query is followed by a second word, the address of the reply slot.
 //!
-//! Correctness (no false "unique"): a query from thread S is applied after
-//! every operation S issued earlier (FIFO lane).  If it answers 1, S's own
-//! reference is the one counted; any other thread that held a reference has
-//! had its decrement applied, and that decrement was issued after its last
-//! use of the object (Release on the ring, Acquire by the counter, Release on
-//! the reply, Acquire by S).  The answer can be too high (another thread's
-//! decrement still in flight), never too low.
+//! ## Order across threads
+//! Per-sender order is not enough once references travel: thread A clones
+//! (increment) and hands the clone to B, which drops it (decrement); if B's
+//! decrement were applied before A's increment, the count could reach zero,
+//! or `getrc` answer 1, while A still holds a reference.  The Microgrid gets
+//! this order from its delegation network; here it comes from two rules:
+//! 1. an increment is *published* before `clone` returns (a Release store of
+//!    the lane's tail: a plain store on x86, no atomic read-modify-write);
+//!    decrements and queries are published at the next increment, query,
+//!    flush, or when the lane holds [`PUBLISH_EVERY`] unpublished words;
+//! 2. in each round, the counting thread first reads every lane's tail (the
+//!    extent of the decrements it will apply), then applies every increment
+//!    published in any lane up to tails read *after* those, and only then the
+//!    decrements and queries.  If a decrement was published after B received
+//!    a reference, the increment that made it was published before, and the
+//!    counting thread's later read of A's tail sees it (Acquire of B's tail,
+//!    then coherence).  Applying an increment early only raises the count.
 //!
-//! Back-pressure: a full ring makes a blocking sender (a mutator) wait for
-//! the counting thread; counting threads never wait for a mutator, so this
-//! cannot deadlock.  A counting thread that itself sends (while dropping an
-//! object whose elements are delegated arrays) is a non-blocking sender: its
-//! batches wait in a local overflow list, still in order.
+//! Hence no false "unique": a query from S is answered after all of S's
+//! earlier operations and all increments that causally precede any applied
+//! decrement; the answer may be too high, never too low.
+//!
+//! ## Back-pressure
+//! A full lane makes a mutator publish and wait for the counting thread;
+//! counting threads never wait for a mutator, so this cannot deadlock.  A
+//! counting thread that itself sends (dropping an object whose elements are
+//! delegated arrays) is a non-blocking sender: words that do not fit wait in
+//! a local overflow list, in order, and only decrements may be sent that way.
 
 use std::collections::VecDeque;
 
 use crate::prim::{fence, lock, spin_hint, Arc, AtomicBool, AtomicU64, AtomicUsize, Cell, Mutex, Ordering};
 use crate::ring::Ring;
 
-/// Words per batch.
+/// Words per lane (the bound of the queue).
 #[cfg(not(canopy_loom))]
-pub(crate) const BATCH_WORDS: usize = 256;
+pub(crate) const LANE_WORDS: usize = 1 << 14;
 #[cfg(canopy_loom)]
-pub(crate) const BATCH_WORDS: usize = 4;
+pub(crate) const LANE_WORDS: usize = 4;
 
-/// Batches in flight per lane (the bound of the queue).
+/// Unpublished decrements a lane may hold before they are published.
 #[cfg(not(canopy_loom))]
-pub(crate) const LANE_BATCHES: usize = 64;
+pub const PUBLISH_EVERY: usize = 256;
+/// Unpublished decrements a lane may hold before they are published.
 #[cfg(canopy_loom)]
-pub(crate) const LANE_BATCHES: usize = 1;
+pub const PUBLISH_EVERY: usize = 2;
 
 const OP_INC: usize = 0;
 const OP_DEC: usize = 1;
@@ -75,29 +89,26 @@ impl DCount {
     }
 }
 
-/// A batch of messages.
-pub(crate) struct Batch {
-    len: usize,
-    words: [usize; BATCH_WORDS],
-}
-
-impl Batch {
-    fn boxed() -> Box<Batch> {
-        Box::new(Batch { len: 0, words: [0; BATCH_WORDS] })
-    }
-}
-
-/// One sender's wire to one counting thread.
+/// One sender's lane to one counting thread.
 #[derive(Debug)]
 pub(crate) struct Lane {
-    full: Ring,
-    empty: Ring,
-    /// Set by the sender after its last batch; the counter then drops the lane.
+    ring: Ring,
+    /// Set by the sender after its last publication; the counter then drops the lane.
     closed: AtomicBool,
 }
 
+/// The counter's view of a lane.
+#[derive(Debug)]
+struct Inbound {
+    lane: Arc<Lane>,
+    /// Increments before this position have been applied.
+    inc_done: usize,
+    /// Tail read in the first step of the current round.
+    round_tail: usize,
+}
+
 /// Pending-operation trace: (nanoseconds since the domain started, operations
-/// shipped to the counter but not yet applied).
+/// published to the counter but not yet applied).
 pub type TraceSample = (u64, u64);
 
 /// One counting thread's state.
@@ -107,12 +118,12 @@ pub struct Counter {
     new_lanes: Mutex<Vec<Arc<Lane>>>,
     generation: AtomicUsize,
     /// The counter's own list of lanes (counting thread only).
-    lanes: Cell<Vec<Arc<Lane>>>,
+    lanes: Cell<Vec<Inbound>>,
     seen_generation: Cell<usize>,
-    /// Operations shipped to this counter (senders add a batch at a time).
-    pub(crate) shipped: AtomicU64,
     /// Operations applied (written by the counting thread only).
     pub(crate) applied: AtomicU64,
+    /// Published words not yet consumed, as of the last round.
+    pub(crate) backlog: AtomicU64,
     /// Objects freed by this counter.
     pub(crate) released: AtomicU64,
     /// The counting thread is about to park or parked.
@@ -135,8 +146,8 @@ impl Counter {
             generation: AtomicUsize::new(0),
             lanes: Cell::new(Vec::new()),
             seen_generation: Cell::new(0),
-            shipped: AtomicU64::new(0),
             applied: AtomicU64::new(0),
+            backlog: AtomicU64::new(0),
             released: AtomicU64::new(0),
             sleeping: AtomicBool::new(false),
             tracing: AtomicBool::new(false),
@@ -150,52 +161,98 @@ impl Counter {
         self.generation.fetch_add(1, Ordering::Release);
     }
 
-    /// Apply every operation queued now; returns how many were applied.
+    /// One round: apply every operation published now (increments first,
+    /// see the module notes); returns how many operations were applied.
     ///
     /// # Safety
     /// Only one thread, the counting thread, ever calls this on a counter.
     pub unsafe fn drain(&self) -> usize {
         let gen = self.generation.load(Ordering::Acquire);
+        // SAFETY (cells, here and below): counting thread only (contract).
         if self.seen_generation.with(|g| unsafe { *g }) != gen {
-            let mut fresh = core::mem::take(&mut *lock(&self.new_lanes));
-            // SAFETY: counting thread only (contract).
-            self.lanes.with_mut(|l| unsafe { (*l).append(&mut fresh) });
-            // SAFETY: as above.
+            let fresh = core::mem::take(&mut *lock(&self.new_lanes));
+            self.lanes.with_mut(|l| unsafe {
+                for lane in fresh {
+                    let h = lane.ring.head();
+                    (*l).push(Inbound { lane, inc_done: h, round_tail: h });
+                }
+            });
             self.seen_generation.with_mut(|g| unsafe { *g = gen });
         }
-        let mut applied = 0;
+        let mut applied = 0usize;
         let mut freed = 0u64;
-        // SAFETY: counting thread only; `apply` may run `release`, which may
-        // send (through this thread's non-blocking sender) but never touches
-        // this counter's lane list.
+        let mut backlog = 0u64;
+        // SAFETY: counting thread only; `apply_*` may run `release`, which
+        // may send through this thread's own non-blocking sender but never
+        // touches this counter's lane list.
         self.lanes.with_mut(|lanes| unsafe {
             let lanes = &mut *lanes;
-            let mut i = 0;
-            while i < lanes.len() {
-                let lane = &lanes[i];
-                while let Some(b) = lane.full.pop() {
-                    let b = b as *mut Batch;
-                    applied += apply(&*b, &mut freed);
-                    (*b).len = 0;
-                    if !lane.empty.push(b as usize) {
-                        drop(Box::from_raw(b));
-                    }
+            // Step 1: the extent of this round's decrements and queries.
+            // (Closed is read first: a lane seen closed here has published
+            // everything by the tail read after it.)
+            let mut closed = Vec::new();
+            for (i, ib) in lanes.iter_mut().enumerate() {
+                if ib.lane.closed.load(Ordering::Acquire) {
+                    closed.push(i);
                 }
-                // Acquire: pairs with the Release in `Sender::drop`; the
-                // sender's last push then is visible to the pop below.
-                if lane.closed.load(Ordering::Acquire) && lane.full.is_empty() {
-                    let lane = lanes.swap_remove(i);
-                    while let Some(b) = lane.empty.pop() {
-                        drop(Box::from_raw(b as *mut Batch));
+                ib.round_tail = ib.lane.ring.tail();
+            }
+            // Step 2: every increment published up to a tail read now.
+            for ib in lanes.iter_mut() {
+                let t = ib.lane.ring.tail();
+                let mut p = ib.inc_done;
+                while p != t {
+                    let w = ib.lane.ring.read(p);
+                    match w & OP_MASK {
+                        OP_INC => {
+                            inc(w);
+                            applied += 1;
+                        }
+                        OP_QUERY => p = p.wrapping_add(1),
+                        _ => {}
                     }
-                    continue;
+                    p = p.wrapping_add(1);
                 }
-                i += 1;
+                ib.inc_done = t;
+            }
+            // Step 3: decrements and queries, in lane order.
+            for ib in lanes.iter_mut() {
+                let mut p = ib.lane.ring.head();
+                let t = ib.round_tail;
+                while p != t {
+                    let w = ib.lane.ring.read(p);
+                    match w & OP_MASK {
+                        OP_INC => {}
+                        OP_DEC => {
+                            if dec(w) {
+                                freed += 1;
+                            }
+                            applied += 1;
+                        }
+                        OP_QUERY => {
+                            p = p.wrapping_add(1);
+                            answer(w, ib.lane.ring.read(p));
+                            applied += 1;
+                        }
+                        _ => unreachable!("delegated count: bad message {w:#x}"),
+                    }
+                    p = p.wrapping_add(1);
+                }
+                ib.lane.ring.set_head(t);
+                backlog += ib.inc_done.wrapping_sub(t) as u64;
+            }
+            // Drop lanes whose sender is gone and that are fully consumed.
+            for &i in closed.iter().rev() {
+                let ib = &lanes[i];
+                if ib.lane.ring.tail() == ib.round_tail {
+                    lanes.swap_remove(i);
+                }
             }
         });
         if freed > 0 {
             self.released.fetch_add(freed, Ordering::Relaxed);
         }
+        self.backlog.store(backlog, Ordering::Relaxed);
         if applied > 0 {
             let total = self.applied.load(Ordering::Relaxed) + applied as u64;
             self.applied.store(total, Ordering::Release);
@@ -203,68 +260,71 @@ impl Counter {
         applied
     }
 
-    /// Operations shipped to this counter and not applied yet.
-    pub fn pending(&self) -> u64 {
-        let applied = self.applied.load(Ordering::Acquire);
-        self.shipped.load(Ordering::Acquire).saturating_sub(applied)
+    /// Words published to this counter and not consumed at its last round.
+    pub fn backlog(&self) -> u64 {
+        self.backlog.load(Ordering::Relaxed)
     }
 
-    /// Whether a lane has batches waiting (counting thread only, best effort).
+    /// Whether some lane has published words not consumed (counting thread
+    /// only, best effort).
     pub(crate) fn has_work(&self) -> bool {
+        // SAFETY (cells): counting thread only.
         self.generation.load(Ordering::Acquire) != self.seen_generation.with(|g| unsafe { *g })
-            || self.lanes.with(|l| unsafe { (*l).iter().any(|x| !x.full.is_empty()) })
+            || self
+                .lanes
+                .with(|l| unsafe { (*l).iter().any(|x| x.lane.ring.tail() != x.lane.ring.head()) })
     }
 }
 
-/// Apply one batch; returns the number of operations.
+/// # Safety
+/// Counting thread of the object named by `w`, which is live (its sender
+/// held a reference when it issued the message).
+unsafe fn inc(w: usize) {
+    let c = (w & !OP_MASK) as *const DCount;
+    // SAFETY: see contract.
+    unsafe {
+        (*c).count.with_mut(|n| {
+            debug_assert!(*n > 0, "delegated count: increment of a dead object {c:p}");
+            *n += 1;
+        })
+    }
+}
+
+/// Returns whether the object was released.
 ///
 /// # Safety
-/// Counting thread of every object named in the batch.
-unsafe fn apply(b: &Batch, freed: &mut u64) -> usize {
-    let mut i = 0;
-    let mut ops = 0;
-    while i < b.len {
-        let w = b.words[i];
-        let obj = (w & !OP_MASK) as *const DCount;
-        // SAFETY: a message names a live object: its sender held a reference
-        // when it issued the message, and that reference's decrement comes
-        // later in the same lane, or in another lane after a hand-over.
-        let c = unsafe { &*obj };
-        match w & OP_MASK {
-            OP_INC => c.count.with_mut(|n| unsafe {
-                debug_assert!(*n > 0, "delegated count: increment of a dead object {obj:p}");
-                *n += 1;
-            }),
-            OP_DEC => {
-                let last = c.count.with_mut(|n| unsafe {
-                    debug_assert!(*n > 0, "delegated count: decrement below zero of {obj:p}");
-                    *n -= 1;
-                    *n == 0
-                });
-                if last {
-                    // SAFETY: the count reached zero: no reference is left,
-                    // and no message about the object can follow.
-                    unsafe { (c.release)(obj as *const u8) };
-                    *freed += 1;
-                }
-            }
-            OP_QUERY => {
-                i += 1;
-                let reply = b.words[i] as *const AtomicUsize;
-                let n = c.count.with(|n| unsafe { *n });
-                // Release: pairs with the Acquire in `Sender::getrc`; every
-                // decrement applied so far (and the uses before it) happens
-                // before the asker acts on the answer.  The slot lives on the
-                // asker's stack until it sees the answer; nothing here
-                // touches it afterwards.
-                unsafe { (*reply).store(n, Ordering::Release) };
-            }
-            _ => unreachable!("delegated count: bad message {w:#x}"),
+/// As for `inc`.
+unsafe fn dec(w: usize) -> bool {
+    let c = (w & !OP_MASK) as *const DCount;
+    // SAFETY: see contract.
+    unsafe {
+        let last = (*c).count.with_mut(|n| {
+            debug_assert!(*n > 0, "delegated count: decrement below zero of {c:p}");
+            *n -= 1;
+            *n == 0
+        });
+        if last {
+            // The count reached zero: no reference is left, and no message
+            // about the object can follow.
+            ((*c).release)(c as *const u8);
         }
-        ops += 1;
-        i += 1;
+        last
     }
-    ops
+}
+
+/// # Safety
+/// As for `inc`; `reply` is the asker's reply slot, live until answered.
+unsafe fn answer(w: usize, reply: usize) {
+    let c = (w & !OP_MASK) as *const DCount;
+    // SAFETY: see contract.
+    unsafe {
+        let n = (*c).count.with(|n| *n);
+        // Release: pairs with the Acquire in `Sender::getrc`; every decrement
+        // applied so far (and the uses before it) happens before the asker
+        // acts on the answer.  The slot lives on the asker's stack until it
+        // sees the answer; nothing here touches it afterwards.
+        (*(reply as *const AtomicUsize)).store(n, Ordering::Release);
+    }
 }
 
 /// A set of counting threads and the fixed mapping of objects to them.
@@ -295,7 +355,7 @@ impl Domain {
     /// The counting thread of the object at `addr` (a fixed function of the
     /// address).
     #[inline(always)]
-    pub(crate) fn counter_of(&self, addr: usize) -> usize {
+    pub fn counter_of(&self, addr: usize) -> usize {
         let n = self.counters.len();
         if n == 1 {
             0
@@ -310,12 +370,12 @@ impl Domain {
         lock(&self.waker)[i] = Some(w);
     }
 
-    /// Wake counter `i` if it is parked.  Called after shipping a batch.
+    /// Wake counter `i` if it is parked.
     #[inline]
     fn wake(&self, i: usize) {
         // SeqCst fence: pairs with the SeqCst store of `sleeping` and the
         // fence in the counting thread's park path (Dekker): either the
-        // counter sees our batch when it re-checks, or we see it sleeping.
+        // counter sees our words when it re-checks, or we see it sleeping.
         fence(Ordering::SeqCst);
         if self.counters[i].sleeping.load(Ordering::Relaxed) {
             #[cfg(not(canopy_loom))]
@@ -326,17 +386,13 @@ impl Domain {
     }
 }
 
-struct SendLane {
-    lane: Arc<Lane>,
-    cur: Box<Batch>,
-    overflow: VecDeque<Box<Batch>>,
-}
-
-/// A thread's sending side: a current batch and a lane per counting thread.
+/// A thread's sending side: one lane per counting thread.
 pub struct Sender {
     domain: Arc<Domain>,
-    lanes: Vec<SendLane>,
-    /// Mutators block on a full lane; counting threads never do.
+    lanes: Vec<Arc<Lane>>,
+    /// Non-blocking senders only: words waiting for room, per lane.
+    overflow: Vec<VecDeque<usize>>,
+    /// Mutators wait on a full lane; counting threads never do.
     blocking: bool,
 }
 
@@ -349,88 +405,62 @@ impl core::fmt::Debug for Sender {
 impl Sender {
     /// Register a lane with every counting thread of `domain`.
     pub fn new(domain: Arc<Domain>, blocking: bool) -> Self {
-        let lanes = domain
+        let lanes: Vec<Arc<Lane>> = domain
             .counters
             .iter()
             .map(|c| {
-                let lane = Arc::new(Lane {
-                    full: Ring::new(LANE_BATCHES),
-                    empty: Ring::new(LANE_BATCHES),
-                    closed: AtomicBool::new(false),
-                });
+                let lane = Arc::new(Lane { ring: Ring::new(LANE_WORDS), closed: AtomicBool::new(false) });
                 c.register(lane.clone());
-                SendLane { lane, cur: Batch::boxed(), overflow: VecDeque::new() }
+                lane
             })
             .collect();
-        Sender { domain, lanes, blocking }
+        let overflow = lanes.iter().map(|_| VecDeque::new()).collect();
+        Sender { domain, lanes, overflow, blocking }
     }
 
-    /// Asynchronous increment of the object at `obj`.
+    /// Asynchronous increment of the object at `obj` (published at once).
     #[inline(always)]
     pub fn inc(&mut self, obj: *const DCount) {
-        self.push(obj as usize | OP_INC);
+        debug_assert!(self.blocking, "a counting thread must not clone a delegated array");
+        let c = self.domain.counter_of(obj as usize);
+        self.put(c, obj as usize | OP_INC, 1);
+        self.lanes[c].ring.publish();
     }
 
     /// Asynchronous decrement of the object at `obj`; the counting thread
-    /// frees it if the count reaches zero.
+    /// frees it if the count reaches zero.  Published with the lane's next
+    /// increment, query or flush, or after [`PUBLISH_EVERY`] words.
     #[inline(always)]
     pub fn dec(&mut self, obj: *const DCount) {
-        self.push(obj as usize | OP_DEC);
-    }
-
-    #[inline(always)]
-    fn push(&mut self, w: usize) {
-        let c = self.domain.counter_of(w);
-        // SAFETY: counter_of returns an index below counters.len() ==
-        // lanes.len().
-        let sl = unsafe { self.lanes.get_unchecked_mut(c) };
-        let b = &mut *sl.cur;
-        b.words[b.len] = w;
-        b.len += 1;
-        if b.len == BATCH_WORDS {
-            self.ship(c);
+        let c = self.domain.counter_of(obj as usize);
+        self.put(c, obj as usize | OP_DEC, 1);
+        if self.lanes[c].ring.unpublished() >= PUBLISH_EVERY {
+            self.lanes[c].ring.publish();
         }
     }
 
-    /// Send lane `c`'s current batch (if not empty) and start a new one.
+    /// Write a word (the first of `n` to come) into lane `c`.
+    #[inline(always)]
+    fn put(&mut self, c: usize, w: usize, n: usize) {
+        if self.blocking {
+            if !self.lanes[c].ring.has_room(n) {
+                self.wait_room(c, n);
+            }
+            self.lanes[c].ring.write(w);
+        } else {
+            self.put_nonblocking(c, w);
+        }
+    }
+
+    /// Lane `c` is full: publish, wake the counter, wait for room.
     #[cold]
     #[inline(never)]
-    fn ship(&mut self, c: usize) {
-        let sl = &mut self.lanes[c];
-        if sl.cur.len == 0 {
-            return;
-        }
-        let fresh = match sl.lane.empty.pop() {
-            // SAFETY: the counter sent back a box it got from us, emptied.
-            Some(b) => unsafe { Box::from_raw(b as *mut Batch) },
-            None => Batch::boxed(),
-        };
-        let full = core::mem::replace(&mut sl.cur, fresh);
-        self.domain.counters[c].shipped.fetch_add(full.len as u64, Ordering::AcqRel);
-        sl.overflow.push_back(full);
-        self.send_overflow(c);
-    }
-
-    /// Push lane `c`'s waiting batches into its ring, oldest first.  A
-    /// blocking sender waits until all are in (back-pressure); a non-blocking
-    /// one leaves the rest for `retry`.
-    fn send_overflow(&mut self, c: usize) {
+    fn wait_room(&mut self, c: usize, n: usize) {
+        let ring = &self.lanes[c].ring;
+        ring.publish();
         let mut spins = 0u32;
-        loop {
-            let sl = &mut self.lanes[c];
-            while let Some(b) = sl.overflow.pop_front() {
-                let p = Box::into_raw(b);
-                if !sl.lane.full.push(p as usize) {
-                    // SAFETY: the push failed, so the box is still ours.
-                    sl.overflow.push_front(unsafe { Box::from_raw(p) });
-                    break;
-                }
-            }
-            let done = sl.overflow.is_empty();
+        while !ring.has_room(n) {
             self.domain.wake(c);
-            if done || !self.blocking {
-                return;
-            }
             spins += 1;
             if spins < 64 {
                 spin_hint();
@@ -440,22 +470,41 @@ impl Sender {
         }
     }
 
-    /// Ship every partial batch (a mutator at a synchronisation point, or
-    /// before its thread ends).
-    pub fn flush(&mut self) {
+    #[cold]
+    fn put_nonblocking(&mut self, c: usize, w: usize) {
+        self.overflow[c].push_back(w);
+        self.retry_lane(c);
+    }
+
+    fn retry_lane(&mut self, c: usize) {
+        let ring = &self.lanes[c].ring;
+        let q = &mut self.overflow[c];
+        while let Some(&w) = q.front() {
+            if !ring.has_room(1) {
+                break;
+            }
+            ring.write(w);
+            q.pop_front();
+        }
+        ring.publish();
+    }
+
+    /// Non-blocking senders: move words left in overflow into their lanes.
+    pub fn retry(&mut self) {
         for c in 0..self.lanes.len() {
-            self.ship(c);
-            if !self.lanes[c].overflow.is_empty() {
-                self.send_overflow(c);
+            if !self.overflow[c].is_empty() {
+                self.retry_lane(c);
             }
         }
     }
 
-    /// Non-blocking senders: try again to send batches left in overflow.
-    pub(crate) fn retry(&mut self) {
+    /// Publish every written word (a mutator at a synchronisation point, or
+    /// before its thread ends) and wake counting threads that sleep.
+    pub fn flush(&mut self) {
         for c in 0..self.lanes.len() {
-            if !self.lanes[c].overflow.is_empty() {
-                self.send_overflow(c);
+            if self.lanes[c].ring.unpublished() > 0 {
+                self.lanes[c].ring.publish();
+                self.domain.wake(c);
             }
         }
     }
@@ -469,17 +518,13 @@ impl Sender {
         debug_assert!(self.blocking, "getrc from a counting thread");
         let reply = AtomicUsize::new(NO_REPLY);
         let c = self.domain.counter_of(obj as usize);
-        if self.lanes[c].cur.len + 2 > BATCH_WORDS {
-            self.ship(c);
-        }
-        let b = &mut *self.lanes[c].cur;
-        b.words[b.len] = obj as usize | OP_QUERY;
-        b.words[b.len + 1] = &reply as *const AtomicUsize as usize;
-        b.len += 2;
-        self.ship(c);
+        self.put(c, obj as usize | OP_QUERY, 2);
+        self.lanes[c].ring.write(&reply as *const AtomicUsize as usize);
+        self.lanes[c].ring.publish();
+        self.domain.wake(c);
         let mut spins = 0u32;
         loop {
-            // Acquire: pairs with the Release store in `apply`.
+            // Acquire: pairs with the Release store in `answer`.
             let n = reply.load(Ordering::Acquire);
             if n != NO_REPLY {
                 return n;
@@ -505,12 +550,13 @@ fn yield_now() {
 
 impl Drop for Sender {
     fn drop(&mut self) {
+        self.retry();
         self.flush();
         // A non-blocking sender (counting thread) only ends with the process;
-        // whatever it still holds is dropped with it.
-        for sl in &self.lanes {
+        // words still in its overflow lists are lost with it.
+        for l in &self.lanes {
             // Release: pairs with the Acquire in `Counter::drain`.
-            sl.lane.closed.store(true, Ordering::Release);
+            l.closed.store(true, Ordering::Release);
         }
     }
 }

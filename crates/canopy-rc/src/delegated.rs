@@ -6,14 +6,15 @@
 //!   `CANOPY_RC_COUNTERS`, else 1.  An object's counting thread is a fixed
 //!   function of its address.
 //! - `clone` and `drop` append a one-word message to the calling thread's
-//!   batch for that counting thread (no atomic operation, no waiting); a full
-//!   batch (256 words) is shipped over a bounded ring (64 batches).  A full
-//!   ring makes the mutator wait (back-pressure).
-//! - [`flush`] ships the calling thread's partial batches; with-loops flush
+//!   lane to that counting thread (no atomic read-modify-write, no waiting).
+//!   An increment is published at once (one Release store); decrements are
+//!   published in batches of up to 256 words.  A lane holds 16 Ki words; a
+//!   full lane makes the mutator wait (back-pressure).
+//! - [`flush`] publishes the calling thread's decrements; with-loops flush
 //!   every worker at their end, and a thread flushes when it ends.  Until
-//!   then, its operations are pending (an object can outlive its last
-//!   reference by that long).
-//! - `getrc` ships the batch with a query and waits for the answer.
+//!   then they are pending (an object can outlive its last reference by
+//!   that long).
+//! - `getrc` publishes a query and waits for the answer.
 //! - A counting thread spins while work arrives, then yields, then parks;
 //!   a sender wakes a parked one.
 //!
@@ -135,23 +136,20 @@ pub(crate) fn flush_all_workers() {
     flush();
 }
 
-/// Count operations shipped to the counting threads and not applied yet
-/// (operations still in a mutator's partial batch are not included).
+/// Count operations published to the counting threads and not applied at
+/// their last round (unpublished decrements are not included).
 pub fn pending() -> u64 {
-    DOMAIN.get().map_or(0, |d| d.counters.iter().map(|c| c.pending()).sum())
+    DOMAIN.get().map_or(0, |d| d.counters.iter().map(|c| c.backlog()).sum())
+}
+
+/// Count operations applied by the counting threads so far.
+pub fn applied() -> u64 {
+    DOMAIN.get().map_or(0, |d| d.counters.iter().map(|c| c.applied.load(Ordering::Acquire)).sum())
 }
 
 /// Objects freed by the counting threads so far.
 pub fn released() -> u64 {
     DOMAIN.get().map_or(0, |d| d.counters.iter().map(|c| c.released.load(Ordering::Relaxed)).sum())
-}
-
-/// Wait until every operation shipped so far has been applied (after a
-/// [`flush`] on each thread that issued some, this means they all were).
-pub fn quiesce() {
-    while pending() > 0 {
-        std::thread::yield_now();
-    }
 }
 
 /// Start recording, on each counting thread, the number of pending
@@ -204,7 +202,7 @@ fn counting_thread(d: Arc<Domain>, i: usize) {
                 last_sample = t;
                 let mut tr = c.trace.lock().unwrap_or_else(|p| p.into_inner());
                 if tr.len() < TRACE_MAX {
-                    tr.push((t, c.pending()));
+                    tr.push((t, c.backlog()));
                 }
             }
         }
