@@ -215,7 +215,11 @@ impl Counter {
                 }
                 ib.inc_done = t;
             }
-            // Step 3: decrements and queries, in lane order.
+            // Step 3: decrements in lane order; queries are answered after
+            // every decrement of the round (an asker's own operations all
+            // precede its query; the others' only make the answer closer to
+            // the truth, and its own reference keeps the object alive).
+            let mut queries: Vec<(usize, usize)> = Vec::new();
             for ib in lanes.iter_mut() {
                 let mut p = ib.lane.ring.head();
                 let t = ib.round_tail;
@@ -231,7 +235,7 @@ impl Counter {
                         }
                         OP_QUERY => {
                             p = p.wrapping_add(1);
-                            answer(w, ib.lane.ring.read(p));
+                            queries.push((w, ib.lane.ring.read(p)));
                             applied += 1;
                         }
                         _ => unreachable!("delegated count: bad message {w:#x}"),
@@ -240,6 +244,9 @@ impl Counter {
                 }
                 ib.lane.ring.set_head(t);
                 backlog += ib.inc_done.wrapping_sub(t) as u64;
+            }
+            for (w, reply) in queries {
+                answer(w, reply);
             }
             // Drop lanes whose sender is gone and that are fully consumed.
             for &i in closed.iter().rev() {

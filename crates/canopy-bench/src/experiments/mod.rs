@@ -8,6 +8,7 @@
 //! | [`sac`] | the with-loop microbenchmark, X = 1000/250/100/25, 1..n threads | 000 Figs. 1, 5, 6 |
 //! | [`sac_callgrind`] | instructions per malloc+free pair in the same kernel | 000 |
 //! | [`workloads`] | Larson, producer/consumer, false sharing, size walk, thread churn | — |
+//! | [`rc`] | canopy-rc: SAC on `Array`, the synthetic RC kernel, 2-D FFT, reuse accuracy | 000 Fig. 1, 003 |
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use crate::anchors::{Contender, Contenders};
 use crate::report::{RunRecord, Size, Written};
 use crate::runner::{self, Invocation};
 
+pub mod rc;
 pub mod sac;
 pub mod sac_callgrind;
 pub mod workloads;
