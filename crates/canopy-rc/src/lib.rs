@@ -106,4 +106,4 @@ pub use policy::{Atomic, Biased, Delegated, Local, Policy, SharedPolicy};
 #[cfg(not(canopy_loom))]
 pub use stats::{stats, thread_stats, Stats};
 #[cfg(not(canopy_loom))]
-pub use withloop::{fold, genarray, Gen, DEFAULT_GRAIN};
+pub use withloop::{fold, genarray, genarray_fn, Gen, DEFAULT_GRAIN};

@@ -74,44 +74,67 @@ fn registry() -> &'static Mutex<Vec<Arc<Slot>>> {
 }
 
 thread_local! {
-    static MINE: Arc<Slot> = {
-        let s = Arc::new(Slot::default());
-        registry().lock().unwrap_or_else(|p| p.into_inner()).push(s.clone());
-        s
-    };
+    /// This thread's slot (null until first use).  The registry keeps every
+    /// slot alive for the whole process, so the pointer never dangles.
+    static MINE: core::cell::Cell<*const Slot> = const { core::cell::Cell::new(core::ptr::null()) };
 }
 
-/// Add `v` to one of this thread's counters.  Only this thread writes its
-/// slot, so a relaxed load and store suffice (readers may see a stale value).
-#[inline]
-fn bump(f: impl Fn(&Slot) -> &AtomicU64, v: u64) {
-    let _ = MINE.try_with(|s| {
-        let a = f(s);
-        a.store(a.load(Ordering::Relaxed) + v, Ordering::Relaxed);
+#[cold]
+fn register() -> *const Slot {
+    let s = Arc::new(Slot::default());
+    let p = Arc::as_ptr(&s);
+    registry().lock().unwrap_or_else(|p| p.into_inner()).push(s);
+    p
+}
+
+/// Run `f` on this thread's slot (nothing during thread teardown).
+#[inline(always)]
+fn with_slot(f: impl FnOnce(&Slot)) {
+    let _ = MINE.try_with(|m| {
+        let mut p = m.get();
+        if p.is_null() {
+            p = register();
+            m.set(p);
+        }
+        // SAFETY: the registry holds the slot for the process's lifetime.
+        f(unsafe { &*p })
     });
+}
+
+/// Add `v` to a counter of this thread's slot.  Only this thread writes its
+/// slot, so a relaxed load and store suffice (readers may see a stale value).
+#[inline(always)]
+fn add(a: &AtomicU64, v: u64) {
+    a.store(a.load(Ordering::Relaxed) + v, Ordering::Relaxed);
 }
 
 #[inline]
 pub(crate) fn on_alloc(bytes: usize) {
-    bump(|s| &s.allocations, 1);
-    bump(|s| &s.bytes_allocated, bytes as u64);
+    with_slot(|s| {
+        add(&s.allocations, 1);
+        add(&s.bytes_allocated, bytes as u64);
+    });
 }
 
 #[inline]
 pub(crate) fn on_free() {
-    bump(|s| &s.frees, 1);
+    with_slot(|s| add(&s.frees, 1));
 }
 
 #[inline]
 pub(crate) fn on_reuse(bytes: usize) {
-    bump(|s| &s.reuses, 1);
-    bump(|s| &s.bytes_not_copied, bytes as u64);
+    with_slot(|s| {
+        add(&s.reuses, 1);
+        add(&s.bytes_not_copied, bytes as u64);
+    });
 }
 
 #[inline]
 pub(crate) fn on_copy(bytes: usize) {
-    bump(|s| &s.copies, 1);
-    bump(|s| &s.bytes_copied, bytes as u64);
+    with_slot(|s| {
+        add(&s.copies, 1);
+        add(&s.bytes_copied, bytes as u64);
+    });
 }
 
 /// The counters summed over every thread (a racy but monotone snapshot).
@@ -132,5 +155,7 @@ pub fn stats() -> Stats {
 
 /// The calling thread's counters only (exact for work this thread did).
 pub fn thread_stats() -> Stats {
-    MINE.try_with(|s| s.read()).unwrap_or_default()
+    let mut r = Stats::default();
+    with_slot(|s| r = s.read());
+    r
 }

@@ -10,6 +10,7 @@
 //!
 //! Bad input panics with a message naming the generator and the shapes.
 
+use core::marker::PhantomData;
 use core::ops::Range;
 
 use rayon::prelude::*;
@@ -18,29 +19,152 @@ use crate::array::{shape_len, Array};
 use crate::policy::Policy;
 use crate::stats;
 
+/// A short vector of indices kept inline up to rank 6 (with-loops on small
+/// arrays run often; their bookkeeping must not allocate).
+#[derive(Clone)]
+enum Idx {
+    Inline(usize, [usize; 6]),
+    Heap(Vec<usize>),
+}
+
+impl Idx {
+    fn from_slice(s: &[usize]) -> Self {
+        if s.len() <= 6 {
+            let mut a = [0; 6];
+            a[..s.len()].copy_from_slice(s);
+            Idx::Inline(s.len(), a)
+        } else {
+            Idx::Heap(s.to_vec())
+        }
+    }
+
+    fn zeros(n: usize) -> Self {
+        if n <= 6 {
+            Idx::Inline(n, [0; 6])
+        } else {
+            Idx::Heap(vec![0; n])
+        }
+    }
+}
+
+impl core::ops::Deref for Idx {
+    type Target = [usize];
+    #[inline(always)]
+    fn deref(&self) -> &[usize] {
+        match self {
+            Idx::Inline(n, a) => &a[..*n],
+            Idx::Heap(v) => v,
+        }
+    }
+}
+
+impl core::ops::DerefMut for Idx {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut [usize] {
+        match self {
+            Idx::Inline(n, a) => &mut a[..*n],
+            Idx::Heap(v) => v,
+        }
+    }
+}
+
 /// Default minimum number of elements per parallel chunk.
 pub const DEFAULT_GRAIN: usize = 2048;
 
-type Expr<'a, T> = Box<dyn Fn(&[usize], &T) -> T + Send + Sync + 'a>;
+/// A generator's expression, type-erased without allocating when it is
+/// small (closures capturing up to four words, the common case): with-loops
+/// on short vectors are frequent (the FFT's recursion), and a heap
+/// allocation per generator would cost more than the loop.
+struct Expr<'a, T> {
+    store: Store,
+    call: unsafe fn(*const u8, &[usize], &T) -> T,
+    drop: unsafe fn(*mut u8),
+    _life: PhantomData<&'a ()>,
+}
+
+#[repr(C, align(16))]
+struct Inline([usize; 4]);
+
+enum Store {
+    Inline(core::mem::MaybeUninit<Inline>),
+    Boxed(*mut u8),
+}
+
+// SAFETY: an Expr holds a closure that is Send + Sync (required by `new`).
+unsafe impl<T> Send for Expr<'_, T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for Expr<'_, T> {}
+
+impl<'a, T> Expr<'a, T> {
+    fn new<F: Fn(&[usize], &T) -> T + Send + Sync + 'a>(f: F) -> Self {
+        unsafe fn call<F: Fn(&[usize], &T) -> T, T>(p: *const u8, iv: &[usize], x: &T) -> T {
+            // SAFETY: p points to a live F (see `Expr::ptr`).
+            unsafe { (*(p as *const F))(iv, x) }
+        }
+        unsafe fn drop_inline<F>(p: *mut u8) {
+            // SAFETY: p points to the F stored inline, dropped once.
+            unsafe { core::ptr::drop_in_place(p as *mut F) }
+        }
+        unsafe fn drop_boxed<F>(p: *mut u8) {
+            // SAFETY: p came from Box::into_raw of a Box<F>, dropped once.
+            drop(unsafe { Box::from_raw(p as *mut F) })
+        }
+        let fits = core::mem::size_of::<F>() <= core::mem::size_of::<Inline>()
+            && core::mem::align_of::<F>() <= core::mem::align_of::<Inline>();
+        if fits {
+            let mut m = core::mem::MaybeUninit::<Inline>::uninit();
+            // SAFETY: F fits in the inline storage (size and alignment checked).
+            unsafe { (m.as_mut_ptr() as *mut F).write(f) };
+            Expr { store: Store::Inline(m), call: call::<F, T>, drop: drop_inline::<F>, _life: PhantomData }
+        } else {
+            let p = Box::into_raw(Box::new(f)) as *mut u8;
+            Expr { store: Store::Boxed(p), call: call::<F, T>, drop: drop_boxed::<F>, _life: PhantomData }
+        }
+    }
+
+    fn ptr(&self) -> *const u8 {
+        match &self.store {
+            Store::Inline(m) => m.as_ptr() as *const u8,
+            Store::Boxed(p) => *p,
+        }
+    }
+
+    #[inline(always)]
+    fn eval(&self, iv: &[usize], x: &T) -> T {
+        // SAFETY: `call` was made for the stored closure's type.
+        unsafe { (self.call)(self.ptr(), iv, x) }
+    }
+}
+
+impl<T> Drop for Expr<'_, T> {
+    fn drop(&mut self) {
+        let p = match &mut self.store {
+            Store::Inline(m) => m.as_mut_ptr() as *mut u8,
+            Store::Boxed(p) => *p,
+        };
+        // SAFETY: `drop` matches the stored closure; Expr is dropped once.
+        unsafe { (self.drop)(p) }
+    }
+}
 
 /// One generator: an index range `lo <= iv < hi` and its expression.
 pub struct Gen<'a, T> {
-    lo: Vec<usize>,
-    hi: Vec<usize>,
+    lo: Idx,
+    hi: Idx,
     expr: Expr<'a, T>,
     grain: usize,
 }
 
 impl<T> core::fmt::Debug for Gen<'_, T> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Gen").field("lo", &self.lo).field("hi", &self.hi).field("grain", &self.grain).finish()
+        f.debug_struct("Gen").field("lo", &&*self.lo).field("hi", &&*self.hi).field("grain", &self.grain).finish()
     }
 }
 
 impl<'a, T> Gen<'a, T> {
     /// Elements `lo <= iv < hi` become `f(iv)`.
     pub fn new(lo: &[usize], hi: &[usize], f: impl Fn(&[usize]) -> T + Send + Sync + 'a) -> Self {
-        Gen { lo: lo.to_vec(), hi: hi.to_vec(), expr: Box::new(move |iv, _| f(iv)), grain: DEFAULT_GRAIN }
+        Gen { lo: Idx::from_slice(lo), hi: Idx::from_slice(hi), expr: Expr::new(move |iv: &[usize], _: &T| f(iv)), grain: DEFAULT_GRAIN }
     }
 
     /// Elements `lo <= iv < hi` become `f(iv, &current)`, where `current`
@@ -48,17 +172,17 @@ impl<'a, T> Gen<'a, T> {
     /// `genarray`).  Reading the element being replaced is what lets
     /// `modarray` run in place.
     pub fn update(lo: &[usize], hi: &[usize], f: impl Fn(&[usize], &T) -> T + Send + Sync + 'a) -> Self {
-        Gen { lo: lo.to_vec(), hi: hi.to_vec(), expr: Box::new(f), grain: DEFAULT_GRAIN }
+        Gen { lo: Idx::from_slice(lo), hi: Idx::from_slice(hi), expr: Expr::new(f), grain: DEFAULT_GRAIN }
     }
 
     /// Every index of `shape`.
     pub fn all(shape: &[usize], f: impl Fn(&[usize]) -> T + Send + Sync + 'a) -> Self {
-        Self::new(&vec![0; shape.len()], shape, f)
+        Self::new(&Idx::zeros(shape.len()), shape, f)
     }
 
     /// Every index of `shape`, from the current value.
     pub fn all_update(shape: &[usize], f: impl Fn(&[usize], &T) -> T + Send + Sync + 'a) -> Self {
-        Self::update(&vec![0; shape.len()], shape, f)
+        Self::update(&Idx::zeros(shape.len()), shape, f)
     }
 
     /// Minimum elements per parallel chunk (1: one element may be a task;
@@ -69,7 +193,7 @@ impl<'a, T> Gen<'a, T> {
     }
 
     fn volume(&self) -> usize {
-        self.lo.iter().zip(&self.hi).map(|(l, h)| h - l).product()
+        self.lo.iter().zip(self.hi.iter()).map(|(l, h)| h - l).product()
     }
 }
 
@@ -100,10 +224,10 @@ fn check_gens<T>(what: &str, shape: &[usize], gens: &[Gen<'_, T>]) -> usize {
             assert!(
                 !overlap || x.volume() == 0 || y.volume() == 0,
                 "{what}: generators {a} ({:?}..{:?}) and {b} ({:?}..{:?}) overlap",
-                x.lo,
-                x.hi,
-                y.lo,
-                y.hi
+                &*x.lo,
+                &*x.hi,
+                &*y.lo,
+                &*y.hi
             );
         }
     }
@@ -125,8 +249,9 @@ unsafe impl<T: Send> Send for SyncPtr<T> {}
 unsafe impl<T: Send> Sync for SyncPtr<T> {}
 
 /// Row-major strides of `shape`.
-fn strides(shape: &[usize]) -> Vec<usize> {
-    let mut s = vec![1; shape.len()];
+fn strides(shape: &[usize]) -> Idx {
+    let mut s = Idx::zeros(shape.len());
+    s.iter_mut().for_each(|x| *x = 1);
     for d in (0..shape.len().saturating_sub(1)).rev() {
         s[d] = s[d + 1] * shape[d + 1];
     }
@@ -140,7 +265,7 @@ fn visit_chunk(lo: &[usize], hi: &[usize], st: &[usize], range: Range<usize>, f:
     if range.is_empty() {
         return;
     }
-    let mut iv = vec![0usize; r];
+    let mut iv = Idx::zeros(r);
     let mut k = range.start;
     for d in (0..r).rev() {
         let ext = hi[d] - lo[d];
@@ -215,7 +340,7 @@ fn run_gens<T: Send + Sync>(data: *mut T, shape: &[usize], gens: &[Gen<'_, T>]) 
             // this element during the with-loop.
             unsafe {
                 let e = p.0.add(off);
-                let v = (g.expr)(iv, &*e);
+                let v = g.expr.eval(iv, &*e);
                 *e = v;
             }
         });
@@ -246,7 +371,7 @@ where
         let par = par_box(&g.lo, &g.hi, shape, g.grain, |iv, off| {
             let p = p;
             // SAFETY: off < len; each element written exactly once.
-            unsafe { p.0.add(off).write((g.expr)(iv, &default)) };
+            unsafe { p.0.add(off).write(g.expr.eval(iv, &default)) };
         });
         // SAFETY: the single generator covered all len elements.
         let a = unsafe { u.assume_init() };
@@ -284,7 +409,8 @@ impl<T: Clone + Send + Sync, P: Policy> Array<T, P> {
             drop(self);
             copy
         };
-        run_gens(target.data_ptr(), &target.shape().to_vec(), gens);
+        let shape = Idx::from_slice(target.shape());
+        run_gens(target.data_ptr(), &shape, gens);
         target
     }
 }
@@ -342,4 +468,76 @@ where
         .reduce(|| neutral.clone(), &op);
     after_parallel();
     r
+}
+
+/// `genarray` with one generator covering the whole shape, monomorphised
+/// (the expression inlines into the loop; no generator object is built).
+/// Runs in parallel when the array has at least `2 * DEFAULT_GRAIN` elements.
+///
+/// # Panics
+/// If the shape is too large.
+pub fn genarray_fn<T, P, F>(shape: &[usize], f: F) -> Array<T, P>
+where
+    T: Send + Sync,
+    P: Policy,
+    F: Fn(&[usize]) -> T + Sync,
+{
+    let u = Array::<T, P>::alloc(shape).unwrap_or_else(|e| panic!("genarray: {e}"));
+    let p = SyncPtr(u.data());
+    let lo = Idx::zeros(shape.len());
+    let par = par_box(&lo, shape, shape, DEFAULT_GRAIN, |iv, off| {
+        let p = p;
+        // SAFETY: off < len; each element written exactly once.
+        unsafe { p.0.add(off).write(f(iv)) };
+    });
+    // SAFETY: the range covered every element.
+    let a = unsafe { u.assume_init() };
+    if par {
+        after_parallel();
+    }
+    a
+}
+
+impl<T: Clone + Send + Sync, P: Policy> Array<T, P> {
+    /// `modarray` with one generator `lo <= iv < hi`, monomorphised: in
+    /// place when this is the only reference, else on a copy.
+    ///
+    /// # Panics
+    /// As for [`genarray`].
+    pub fn modarray_fn<F>(self, lo: &[usize], hi: &[usize], f: F) -> Self
+    where
+        F: Fn(&[usize], &T) -> T + Sync,
+    {
+        check_range("modarray", 0, lo, hi, self.shape());
+        let bytes = self.len() * core::mem::size_of::<T>();
+        let target = if self.is_unique() {
+            stats::on_reuse(bytes);
+            self
+        } else {
+            stats::on_copy(bytes);
+            let copy = if self.len() >= 2 * DEFAULT_GRAIN {
+                copy_par(&self)
+            } else {
+                let src = self.as_slice();
+                Array::from_fn(self.shape(), |i| src[i].clone())
+            };
+            drop(self);
+            copy
+        };
+        let shape = Idx::from_slice(target.shape());
+        let p = SyncPtr(target.data_ptr());
+        let par = par_box(lo, hi, &shape, DEFAULT_GRAIN, |iv, off| {
+            let p = p;
+            // SAFETY: off < len; chunks are disjoint.
+            unsafe {
+                let e = p.0.add(off);
+                let v = f(iv, &*e);
+                *e = v;
+            }
+        });
+        if par {
+            after_parallel();
+        }
+        target
+    }
 }
