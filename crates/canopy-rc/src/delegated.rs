@@ -22,7 +22,7 @@
 //!
 //! [`Delegated`]: crate::Delegated
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -86,30 +86,71 @@ fn domain() -> &'static Arc<Domain> {
 }
 
 thread_local! {
-    static SENDER: RefCell<Option<Sender>> = const { RefCell::new(None) };
+    /// This thread's sender, owned by `SENDER_GUARD` (null until first use
+    /// and after the thread's teardown began).  A const TLS slot with no
+    /// destructor: the fast path is one load.
+    static SENDER: Cell<*mut Sender> = const { Cell::new(core::ptr::null_mut()) };
+    /// Owns the sender; dropping it (thread exit) publishes and closes lanes.
+    static SENDER_GUARD: SenderGuard = const { SenderGuard(Cell::new(core::ptr::null_mut())) };
+}
+
+struct SenderGuard(Cell<*mut Sender>);
+
+impl Drop for SenderGuard {
+    fn drop(&mut self) {
+        let p = self.0.replace(core::ptr::null_mut());
+        let _ = SENDER.try_with(|s| s.set(core::ptr::null_mut()));
+        if !p.is_null() {
+            // SAFETY: p came from Box::into_raw in `install_sender` and is
+            // dropped once, here; SENDER no longer points to it.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+}
+
+/// Create this thread's sender (`blocking`: a mutator) and register it for
+/// teardown; null when the thread is already tearing down.
+#[cold]
+fn install_sender(blocking: bool) -> *mut Sender {
+    let p = Box::into_raw(Box::new(Sender::new(domain().clone(), blocking)));
+    let ok = SENDER_GUARD.try_with(|g| g.0.set(p)).is_ok() && SENDER.try_with(|s| s.set(p)).is_ok();
+    if ok {
+        p
+    } else {
+        let _ = SENDER_GUARD.try_with(|g| g.0.set(core::ptr::null_mut()));
+        // SAFETY: not registered anywhere; dropped once.
+        drop(unsafe { Box::from_raw(p) });
+        core::ptr::null_mut()
+    }
 }
 
 /// Run `f` on this thread's sender (created on first use).  During thread
 /// teardown, on a temporary sender that is flushed at once.
 #[inline(always)]
 pub(crate) fn with_sender<R>(f: impl FnOnce(&mut Sender) -> R) -> R {
-    let mut f = Some(f);
-    let r = SENDER.try_with(|s| match s.try_borrow_mut() {
-        Ok(mut s) => {
-            let s = s.get_or_insert_with(|| Sender::new(domain().clone(), true));
-            Some((f.take().expect("called once"))(s))
-        }
-        Err(_) => None,
-    });
-    match r {
-        Ok(Some(r)) => r,
-        _ => {
-            let mut s = Sender::new(domain().clone(), true);
-            let r = (f.take().expect("called once"))(&mut s);
-            drop(s); // flushes and closes its lanes
-            r
-        }
+    let mut p = SENDER.try_with(|s| s.get()).unwrap_or(core::ptr::null_mut());
+    if p.is_null() {
+        p = install_sender(true);
     }
+    if p.is_null() {
+        let mut s = Sender::new(domain().clone(), true);
+        let r = f(&mut s);
+        drop(s); // publishes and closes its lanes
+        return r;
+    }
+    // SAFETY: p is this thread's sender, alive until SenderGuard drops it
+    // (which nulls SENDER first).  No `&mut` to it is live: the sender's
+    // methods never run user code, so `with_sender` is never re-entered
+    // while `f` runs.
+    f(unsafe { &mut *p })
+}
+
+/// The calling thread's sender, if it has one (no creation).
+fn existing_sender() -> Option<&'static mut Sender> {
+    let p = SENDER.try_with(|s| s.get()).ok()?;
+    // SAFETY: as in `with_sender`; the reference is used immediately by the
+    // caller and not kept.
+    (!p.is_null()).then(|| unsafe { &mut *p })
 }
 
 /// Ship the calling thread's pending count operations to the counting
@@ -118,13 +159,9 @@ pub fn flush() {
     if DOMAIN.get().is_none() {
         return;
     }
-    let _ = SENDER.try_with(|s| {
-        if let Ok(mut s) = s.try_borrow_mut() {
-            if let Some(s) = s.as_mut() {
-                s.flush();
-            }
-        }
-    });
+    if let Some(s) = existing_sender() {
+        s.flush();
+    }
 }
 
 /// [`flush`] on every thread of the current rayon pool and on the caller.
@@ -181,16 +218,22 @@ pub fn trace_clock() -> u64 {
 }
 
 const TRACE_MAX: usize = 1 << 20;
+/// Pause between rounds (a lane holds 16 Ki words, far more than a
+/// mutator issues in this time).
+const PAUSE: Duration = Duration::from_micros(2);
 
 fn counting_thread(d: Arc<Domain>, i: usize) {
     // This thread sends too (dropping objects whose elements are delegated
     // arrays), but must never wait for a mutator: a non-blocking sender.
-    let _ = SENDER.try_with(|s| *s.borrow_mut() = Some(Sender::new(d.clone(), false)));
+    let _ = install_sender(false);
     let c = d.counters[i].clone();
     let epoch = *EPOCH.get_or_init(Instant::now);
     let mut idle: u32 = 0;
     let mut last_sample = 0u64;
     loop {
+        // Cleared before the round: a query published after the round read
+        // its lane sets it again and cuts the next pause short.
+        c.poke.store(false, Ordering::Relaxed);
         // SAFETY: this thread is counter i's only drainer.
         let n = unsafe { c.drain() };
         if n > 0 {
@@ -206,21 +249,26 @@ fn counting_thread(d: Arc<Domain>, i: usize) {
                 }
             }
         }
-        let _ = SENDER.try_with(|s| {
-            if let Ok(mut s) = s.try_borrow_mut() {
-                if let Some(s) = s.as_mut() {
-                    s.retry();
-                    s.flush();
-                }
-            }
-        });
+        if let Some(s) = existing_sender() {
+            s.retry();
+            s.flush();
+        }
+        // Pause between rounds so mutators' lane stores rarely meet our
+        // reads (each meeting costs the mutator a cache-line transfer); a
+        // query cuts the pause short.
+        let until = Instant::now() + PAUSE;
+        // Yielding, not spinning: on a machine with more runnable threads
+        // than cores the mutators get the core meanwhile.
+        while Instant::now() < until && !c.poke.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
         if n > 0 {
             continue;
         }
         idle += 1;
-        if idle < 20_000 {
-            core::hint::spin_loop();
-        } else if idle < 22_000 {
+        if idle < 2_000 {
+            // (the pause above is the spin)
+        } else if idle < 2_200 {
             std::thread::yield_now();
         } else {
             // SeqCst store + fence: pairs with the fence in `Domain::wake`.
@@ -230,7 +278,7 @@ fn counting_thread(d: Arc<Domain>, i: usize) {
                 std::thread::park_timeout(Duration::from_millis(20));
             }
             c.sleeping.store(false, Ordering::SeqCst);
-            idle = 19_000;
+            idle = 1_900;
         }
     }
 }

@@ -25,7 +25,14 @@ pub(crate) struct Ring {
     head: CachePadded<AtomicUsize>,
     /// End of the published words; written by the producer.
     tail: CachePadded<AtomicUsize>,
-    /// Producer-private: end of the written words, and the last head seen.
+    /// Producer-private: end of the written words, and the last head seen
+    /// (on their own cache line: the producer writes `end` on every word,
+    /// the consumer reads `slots` and `mask` on every word).
+    prod: CachePadded<Prod>,
+}
+
+#[derive(Debug)]
+struct Prod {
     end: Cell<usize>,
     head_seen: Cell<usize>,
 }
@@ -45,8 +52,7 @@ impl Ring {
             mask: cap - 1,
             head: CachePadded::new(AtomicUsize::new(0)),
             tail: CachePadded::new(AtomicUsize::new(0)),
-            end: Cell::new(0),
-            head_seen: Cell::new(0),
+            prod: CachePadded::new(Prod { end: Cell::new(0), head_seen: Cell::new(0) }),
         }
     }
 
@@ -55,14 +61,14 @@ impl Ring {
     #[inline(always)]
     pub(crate) fn has_room(&self, n: usize) -> bool {
         // SAFETY (cells): producer only.
-        let end = self.end.with(|e| unsafe { *e });
-        if end.wrapping_sub(self.head_seen.with(|h| unsafe { *h })) + n <= self.mask + 1 {
+        let end = self.prod.end.with(|e| unsafe { *e });
+        if end.wrapping_sub(self.prod.head_seen.with(|h| unsafe { *h })) + n <= self.mask + 1 {
             return true;
         }
         // Acquire: pairs with the Release in `set_head`: the consumer's reads
         // of those slots happen before we overwrite them.
         let h = self.head.load(Ordering::Acquire);
-        self.head_seen.with_mut(|p| unsafe { *p = h });
+        self.prod.head_seen.with_mut(|p| unsafe { *p = h });
         end.wrapping_sub(h) + n <= self.mask + 1
     }
 
@@ -70,17 +76,17 @@ impl Ring {
     #[inline(always)]
     pub(crate) fn write(&self, w: usize) {
         // SAFETY (cell): producer only.
-        let end = self.end.with(|e| unsafe { *e });
+        let end = self.prod.end.with(|e| unsafe { *e });
         debug_assert!(end.wrapping_sub(self.head.load(Ordering::Relaxed)) <= self.mask);
         self.slots[end & self.mask].store(w, Ordering::Relaxed);
-        self.end.with_mut(|e| unsafe { *e = end.wrapping_add(1) });
+        self.prod.end.with_mut(|e| unsafe { *e = end.wrapping_add(1) });
     }
 
     /// Producer: make every written word visible to the consumer.
     #[inline(always)]
     pub(crate) fn publish(&self) {
         // SAFETY (cell): producer only.
-        let end = self.end.with(|e| unsafe { *e });
+        let end = self.prod.end.with(|e| unsafe { *e });
         // Release: publishes the slots (and everything this thread did
         // before) to the consumer's Acquire load in `tail`.
         self.tail.store(end, Ordering::Release);
@@ -90,7 +96,7 @@ impl Ring {
     #[inline(always)]
     pub(crate) fn unpublished(&self) -> usize {
         // SAFETY (cell): producer only.
-        self.end.with(|e| unsafe { *e }).wrapping_sub(self.tail.load(Ordering::Relaxed))
+        self.prod.end.with(|e| unsafe { *e }).wrapping_sub(self.tail.load(Ordering::Relaxed))
     }
 
     /// Consumer: the published end.

@@ -10,6 +10,17 @@ use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 
+/// The models' search: `LOOM_MAX_PREEMPTIONS` (scripts/loom.sh sets 3),
+/// capped at 2 unless `CANOPY_RC_LOOM_DEEP=1`: at 3 these models take many
+/// minutes on two cores, beyond the CI budget.
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    if std::env::var_os("CANOPY_RC_LOOM_DEEP").is_none() {
+        b.preemption_bound = Some(b.preemption_bound.unwrap_or(2).min(2));
+    }
+    b.check(f);
+}
+
 /// A counted object: the count first (as in an array's descriptor), then
 /// data that holders read and a unique holder may write.
 #[repr(C)]
@@ -61,7 +72,7 @@ fn counter(d: &Arc<Domain>, stop: &Arc<AtomicBool>) -> loom::thread::JoinHandle<
 /// the object is released exactly once, after both references are gone.
 #[test]
 fn getrc_never_reports_unique_while_shared() {
-    loom::model(|| {
+    model(|| {
         let d = Arc::new(Domain::new(1));
         let stop = Arc::new(AtomicBool::new(false));
         let o = new_obj();
@@ -107,7 +118,7 @@ fn getrc_never_reports_unique_while_shared() {
 /// final decrement releases the object once.
 #[test]
 fn back_pressure_keeps_order() {
-    loom::model(|| {
+    model(|| {
         let d = Arc::new(Domain::new(1));
         let stop = Arc::new(AtomicBool::new(false));
         let o = new_obj();
