@@ -134,7 +134,9 @@ pub struct Counter {
     /// round at once.  On its own cache line: written rarely, read often.
     pub(crate) poke: canopy_sync::CachePadded<AtomicBool>,
     /// Record `trace` samples.
+    #[cfg_attr(canopy_loom, allow(dead_code))]
     pub(crate) tracing: AtomicBool,
+    #[cfg_attr(canopy_loom, allow(dead_code))]
     pub(crate) trace: Mutex<Vec<TraceSample>>,
 }
 
@@ -280,6 +282,7 @@ impl Counter {
 
     /// Whether some lane has published words not consumed (counting thread
     /// only, best effort).
+    #[cfg_attr(canopy_loom, allow(dead_code))]
     pub(crate) fn has_work(&self) -> bool {
         // SAFETY (cells): counting thread only.
         self.generation.load(Ordering::Acquire) != self.seen_generation.with(|g| unsafe { *g })
@@ -346,6 +349,7 @@ pub struct Domain {
     /// The counting threads' states, indexed by [`Domain::counter_of`].
     pub counters: Vec<Arc<Counter>>,
     /// Wakes a parked counting thread (unused under loom).
+    #[cfg_attr(canopy_loom, allow(dead_code))]
     waker: Mutex<Vec<Option<Waker>>>,
 }
 
