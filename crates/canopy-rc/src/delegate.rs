@@ -122,7 +122,7 @@ pub struct Counter {
     seen_generation: Cell<usize>,
     /// Operations applied (written by the counting thread only).
     pub(crate) applied: AtomicU64,
-    /// Published words not yet consumed, as of the last round.
+    /// Words published and not consumed when the last round began.
     pub(crate) backlog: AtomicU64,
     /// Objects freed by this counter.
     pub(crate) released: AtomicU64,
@@ -204,6 +204,7 @@ impl Counter {
                     closed.push(i);
                 }
                 ib.round_tail = ib.lane.ring.tail();
+                backlog += ib.round_tail.wrapping_sub(ib.lane.ring.head()) as u64;
             }
             // Step 2: every increment published up to a tail read now.
             for ib in lanes.iter_mut() {
@@ -251,7 +252,6 @@ impl Counter {
                     p = p.wrapping_add(1);
                 }
                 ib.lane.ring.set_head(t);
-                backlog += ib.inc_done.wrapping_sub(t) as u64;
             }
             for (w, reply) in queries {
                 answer(w, reply);
@@ -275,7 +275,8 @@ impl Counter {
         applied
     }
 
-    /// Words published to this counter and not consumed at its last round.
+    /// Words published to this counter and not consumed when its last round
+    /// began (the pending operations; a query counts two words).
     pub fn backlog(&self) -> u64 {
         self.backlog.load(Ordering::Relaxed)
     }

@@ -173,8 +173,8 @@ pub(crate) fn flush_all_workers() {
     flush();
 }
 
-/// Count operations published to the counting threads and not applied at
-/// their last round (unpublished decrements are not included).
+/// Count operations published to the counting threads and not yet applied
+/// when their last round began (unpublished decrements are not included).
 pub fn pending() -> u64 {
     DOMAIN.get().map_or(0, |d| d.counters.iter().map(|c| c.backlog()).sum())
 }

@@ -521,7 +521,7 @@ fn line_chart(traces: &[PendingTrace]) -> Option<String> {
             .ok()?;
         ch.configure_mesh().x_desc("time (µs)").y_desc("pending operations").draw().ok()?;
         for (i, t) in traces.iter().enumerate() {
-            let c = plot::color(&format!("delegated-{}", t.threads), i + 11);
+            let c = [RGBColor(0x1b, 0x9e, 0x77), RGBColor(0xd9, 0x5f, 0x02), RGBColor(0x75, 0x70, 0xb3)][i % 3];
             ch.draw_series(LineSeries::new(t.samples.iter().map(|&(x, y)| (x, y as f64)), c.stroke_width(2)))
                 .ok()?
                 .label(format!("{} mutator(s)", t.threads))
@@ -656,7 +656,7 @@ pub fn run_kernel(c: &RcCommon) -> Result<Finished> {
         }
     }
     md.push_str(&tk.render());
-    md.push_str("\nThe chart plots the pending operations (published, not yet applied) sampled by the counting thread.\n");
+    md.push_str("\nThe chart plots the pending operations (published to the counting thread and not yet applied when a round begins; a mutator's unpublished decrements are not included), sampled by the counting thread in the first run of n=512, W=100.\n");
     let svg = line_chart(&traces);
     finish(
         c,
