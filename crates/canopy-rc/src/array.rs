@@ -115,7 +115,11 @@ impl<T, P: Policy> Uninit<T, P> {
     /// # Safety
     /// Every element has been written.
     pub(crate) unsafe fn assume_init(self) -> Array<T, P> {
-        let a = Array { hdr: self.hdr, data: self.data, _own: PhantomData };
+        let a = Array {
+            hdr: self.hdr,
+            data: self.data,
+            _own: PhantomData,
+        };
         core::mem::forget(self);
         a
     }
@@ -155,10 +159,12 @@ impl<T, P: Policy> Array<T, P> {
             .ok_or_else(|| ShapeError(format!("array shape {shape:?} is too large to allocate")))?;
         let rank = shape.len();
         let dsize = desc_size::<P::Count>(rank);
-        let Some((d, data)) = canopy_alloc::alloc_with_descriptor(dsize, data_size, core::mem::align_of::<T>())
+        let Some((d, data)) =
+            canopy_alloc::alloc_with_descriptor(dsize, data_size, core::mem::align_of::<T>())
         else {
             std::alloc::handle_alloc_error(
-                std::alloc::Layout::from_size_align(dsize + data_size, 16).expect("layout of an array block"),
+                std::alloc::Layout::from_size_align(dsize + data_size, 16)
+                    .expect("layout of an array block"),
             );
         };
         debug_assert_eq!(data as usize - d as usize, data_offset::<P::Count, T>(rank));
@@ -167,13 +173,22 @@ impl<T, P: Policy> Array<T, P> {
         // (enough for the header, checked above); the shape words follow the
         // header inside the descriptor.
         unsafe {
-            h.write(Header { count: P::new_count(release::<T, P>), len, rank });
+            h.write(Header {
+                count: P::new_count(release::<T, P>),
+                len,
+                rank,
+            });
             let s = (h as *mut u8).add(core::mem::size_of::<Header<P::Count>>()) as *mut usize;
             ptr::copy_nonoverlapping(shape.as_ptr(), s, rank);
         }
         stats::on_alloc(dsize + data_size);
         // SAFETY: both pointers are non-null (a successful allocation).
-        Ok(unsafe { Uninit { hdr: NonNull::new_unchecked(h), data: NonNull::new_unchecked(data as *mut T) } })
+        Ok(unsafe {
+            Uninit {
+                hdr: NonNull::new_unchecked(h),
+                data: NonNull::new_unchecked(data as *mut T),
+            }
+        })
     }
 
     /// An array of `shape` whose element at linear (row-major) index `i` is
@@ -239,7 +254,8 @@ impl<T, P: Policy> Array<T, P> {
         // SAFETY: `rank` shape words follow the header (written at allocation).
         unsafe {
             core::slice::from_raw_parts(
-                (self.hdr.as_ptr() as *const u8).add(core::mem::size_of::<Header<P::Count>>()) as *const usize,
+                (self.hdr.as_ptr() as *const u8).add(core::mem::size_of::<Header<P::Count>>())
+                    as *const usize,
                 h.rank,
             )
         }
@@ -355,7 +371,11 @@ impl<T, P: Policy> Clone for Array<T, P> {
     fn clone(&self) -> Self {
         // SAFETY: we hold a reference.
         unsafe { P::inc(&self.header().count) };
-        Array { hdr: self.hdr, data: self.data, _own: PhantomData }
+        Array {
+            hdr: self.hdr,
+            data: self.data,
+            _own: PhantomData,
+        }
     }
 }
 
@@ -379,7 +399,10 @@ impl<T, P: Policy> Index<&[usize]> for Array<T, P> {
     fn index(&self, iv: &[usize]) -> &T {
         match self.get(iv) {
             Some(v) => v,
-            None => panic!("index {iv:?} out of range for array of shape {:?}", self.shape()),
+            None => panic!(
+                "index {iv:?} out of range for array of shape {:?}",
+                self.shape()
+            ),
         }
     }
 }

@@ -117,7 +117,10 @@ pub(crate) fn owner_id() -> u64 {
                 }
             }
             None => {
-                let slot = Arc::new(OwnerSlot { pending: AtomicBool::new(false), items: Mutex::new(Vec::new()) });
+                let slot = Arc::new(OwnerSlot {
+                    pending: AtomicBool::new(false),
+                    items: Mutex::new(Vec::new()),
+                });
                 lock(owners()).insert(id, slot.clone());
                 let _ = PENDING.try_with(|p| p.set(&slot.pending as *const AtomicBool));
                 *o = Some(OwnerGuard { id, slot });
@@ -135,7 +138,10 @@ pub(crate) fn owner_id() -> u64 {
 /// Merge the objects other threads queued to this thread.  Owners also do
 /// this when they create a biased array and when they end.
 pub fn merge_pending() {
-    let slot = OWNER.try_with(|o| o.borrow().as_ref().map(|g| g.slot.clone())).ok().flatten();
+    let slot = OWNER
+        .try_with(|o| o.borrow().as_ref().map(|g| g.slot.clone()))
+        .ok()
+        .flatten();
     if let Some(s) = slot {
         if s.pending.load(Ordering::Acquire) {
             drain(&s);

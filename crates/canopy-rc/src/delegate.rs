@@ -44,7 +44,9 @@
 
 use std::collections::VecDeque;
 
-use crate::prim::{fence, lock, spin_hint, Arc, AtomicBool, AtomicU64, AtomicUsize, Cell, Mutex, Ordering};
+use crate::prim::{
+    fence, lock, spin_hint, Arc, AtomicBool, AtomicU64, AtomicUsize, Cell, Mutex, Ordering,
+};
 use crate::ring::Ring;
 
 /// Words per lane (the bound of the queue).
@@ -85,7 +87,10 @@ impl core::fmt::Debug for DCount {
 impl DCount {
     /// A count of 1; `release` frees the object it heads.
     pub fn new(release: unsafe fn(*const u8)) -> Self {
-        DCount { count: Cell::new(1), release }
+        DCount {
+            count: Cell::new(1),
+            release,
+        }
     }
 }
 
@@ -182,7 +187,11 @@ impl Counter {
             self.lanes.with_mut(|l| unsafe {
                 for lane in fresh {
                     let h = lane.ring.head();
-                    (*l).push(Inbound { lane, inc_done: h, round_tail: h });
+                    (*l).push(Inbound {
+                        lane,
+                        inc_done: h,
+                        round_tail: h,
+                    });
                 }
             });
             self.seen_generation.with_mut(|g| unsafe { *g = gen });
@@ -287,9 +296,10 @@ impl Counter {
     pub(crate) fn has_work(&self) -> bool {
         // SAFETY (cells): counting thread only.
         self.generation.load(Ordering::Acquire) != self.seen_generation.with(|g| unsafe { *g })
-            || self
-                .lanes
-                .with(|l| unsafe { (*l).iter().any(|x| x.lane.ring.tail() != x.lane.ring.head()) })
+            || self.lanes.with(|l| unsafe {
+                (*l).iter()
+                    .any(|x| x.lane.ring.tail() != x.lane.ring.head())
+            })
     }
 }
 
@@ -416,7 +426,10 @@ pub struct Sender {
 
 impl core::fmt::Debug for Sender {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Sender").field("lanes", &self.lanes.len()).field("blocking", &self.blocking).finish()
+        f.debug_struct("Sender")
+            .field("lanes", &self.lanes.len())
+            .field("blocking", &self.blocking)
+            .finish()
     }
 }
 
@@ -427,19 +440,30 @@ impl Sender {
             .counters
             .iter()
             .map(|c| {
-                let lane = Arc::new(Lane { ring: Ring::new(LANE_WORDS), closed: AtomicBool::new(false) });
+                let lane = Arc::new(Lane {
+                    ring: Ring::new(LANE_WORDS),
+                    closed: AtomicBool::new(false),
+                });
                 c.register(lane.clone());
                 lane
             })
             .collect();
         let overflow = lanes.iter().map(|_| VecDeque::new()).collect();
-        Sender { domain, lanes, overflow, blocking }
+        Sender {
+            domain,
+            lanes,
+            overflow,
+            blocking,
+        }
     }
 
     /// Asynchronous increment of the object at `obj` (published at once).
     #[inline(always)]
     pub fn inc(&mut self, obj: *const DCount) {
-        debug_assert!(self.blocking, "a counting thread must not clone a delegated array");
+        debug_assert!(
+            self.blocking,
+            "a counting thread must not clone a delegated array"
+        );
         let c = self.domain.counter_of(obj as usize);
         self.put(c, obj as usize | OP_INC, 1);
         self.lanes[c].ring.publish();
@@ -537,7 +561,9 @@ impl Sender {
         let reply = AtomicUsize::new(NO_REPLY);
         let c = self.domain.counter_of(obj as usize);
         self.put(c, obj as usize | OP_QUERY, 2);
-        self.lanes[c].ring.write(&reply as *const AtomicUsize as usize);
+        self.lanes[c]
+            .ring
+            .write(&reply as *const AtomicUsize as usize);
         self.lanes[c].ring.publish();
         self.domain.counters[c].poke.store(true, Ordering::Release);
         self.domain.wake(c);

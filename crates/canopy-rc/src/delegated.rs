@@ -40,7 +40,11 @@ pub struct AlreadyStarted(pub usize);
 
 impl core::fmt::Display for AlreadyStarted {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "delegated counting already started with {} counting thread(s)", self.0)
+        write!(
+            f,
+            "delegated counting already started with {} counting thread(s)",
+            self.0
+        )
     }
 }
 
@@ -51,7 +55,11 @@ impl std::error::Error for AlreadyStarted {}
 /// counting threads is fixed and this returns an error.
 pub fn set_counting_threads(n: usize) -> Result<(), AlreadyStarted> {
     if let Some(d) = DOMAIN.get() {
-        return if d.counters.len() == n.max(1) { Ok(()) } else { Err(AlreadyStarted(d.counters.len())) };
+        return if d.counters.len() == n.max(1) {
+            Ok(())
+        } else {
+            Err(AlreadyStarted(d.counters.len()))
+        };
     }
     REQUESTED.store(n.max(1), Ordering::Relaxed);
     match DOMAIN.get() {
@@ -69,7 +77,10 @@ fn domain() -> &'static Arc<Domain> {
     DOMAIN.get_or_init(|| {
         let mut n = REQUESTED.load(Ordering::Relaxed);
         if n == 0 {
-            n = std::env::var("CANOPY_RC_COUNTERS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(1);
+            n = std::env::var("CANOPY_RC_COUNTERS")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(1);
         }
         let d = Arc::new(Domain::new(n.max(1)));
         EPOCH.get_or_init(Instant::now);
@@ -128,7 +139,9 @@ fn install_sender(blocking: bool) -> *mut Sender {
 /// teardown, on a temporary sender that is flushed at once.
 #[inline(always)]
 pub(crate) fn with_sender<R>(f: impl FnOnce(&mut Sender) -> R) -> R {
-    let mut p = SENDER.try_with(|s| s.get()).unwrap_or(core::ptr::null_mut());
+    let mut p = SENDER
+        .try_with(|s| s.get())
+        .unwrap_or(core::ptr::null_mut());
     if p.is_null() {
         p = install_sender(true);
     }
@@ -176,17 +189,29 @@ pub(crate) fn flush_all_workers() {
 /// Count operations published to the counting threads and not yet applied
 /// when their last round began (unpublished decrements are not included).
 pub fn pending() -> u64 {
-    DOMAIN.get().map_or(0, |d| d.counters.iter().map(|c| c.backlog()).sum())
+    DOMAIN
+        .get()
+        .map_or(0, |d| d.counters.iter().map(|c| c.backlog()).sum())
 }
 
 /// Count operations applied by the counting threads so far.
 pub fn applied() -> u64 {
-    DOMAIN.get().map_or(0, |d| d.counters.iter().map(|c| c.applied.load(Ordering::Acquire)).sum())
+    DOMAIN.get().map_or(0, |d| {
+        d.counters
+            .iter()
+            .map(|c| c.applied.load(Ordering::Acquire))
+            .sum()
+    })
 }
 
 /// Objects freed by the counting threads so far.
 pub fn released() -> u64 {
-    DOMAIN.get().map_or(0, |d| d.counters.iter().map(|c| c.released.load(Ordering::Relaxed)).sum())
+    DOMAIN.get().map_or(0, |d| {
+        d.counters
+            .iter()
+            .map(|c| c.released.load(Ordering::Relaxed))
+            .sum()
+    })
 }
 
 /// Start recording, on each counting thread, the number of pending
@@ -202,7 +227,9 @@ pub fn trace_start() {
 /// Stop recording and take the samples: per counting thread, (nanoseconds
 /// since the counting threads started, pending operations).
 pub fn trace_take() -> Vec<Vec<TraceSample>> {
-    let Some(d) = DOMAIN.get() else { return Vec::new() };
+    let Some(d) = DOMAIN.get() else {
+        return Vec::new();
+    };
     d.counters
         .iter()
         .map(|c| {

@@ -196,7 +196,9 @@ const _: () = assert!(core::mem::offset_of!(BiasedCount, shared) >= 128);
 
 impl core::fmt::Debug for BiasedCount {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("BiasedCount").field("owner", &self.owner).finish_non_exhaustive()
+        f.debug_struct("BiasedCount")
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
     }
 }
 

@@ -3,7 +3,9 @@
 //! checked `UnsafeCell` from std or loom alike, so the models in
 //! `tests/loom.rs` run the same code as the library.
 
-pub(crate) use canopy_sync::prim::{fence, spin_hint, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use canopy_sync::prim::{
+    fence, spin_hint, AtomicBool, AtomicU64, AtomicUsize, Ordering,
+};
 
 #[cfg(canopy_loom)]
 pub(crate) use loom::sync::{Arc, Mutex};

@@ -52,7 +52,10 @@ impl Ring {
             mask: cap - 1,
             head: CachePadded::new(AtomicUsize::new(0)),
             tail: CachePadded::new(AtomicUsize::new(0)),
-            prod: CachePadded::new(Prod { end: Cell::new(0), head_seen: Cell::new(0) }),
+            prod: CachePadded::new(Prod {
+                end: Cell::new(0),
+                head_seen: Cell::new(0),
+            }),
         }
     }
 
@@ -79,7 +82,9 @@ impl Ring {
         let end = self.prod.end.with(|e| unsafe { *e });
         debug_assert!(end.wrapping_sub(self.head.load(Ordering::Relaxed)) <= self.mask);
         self.slots[end & self.mask].store(w, Ordering::Relaxed);
-        self.prod.end.with_mut(|e| unsafe { *e = end.wrapping_add(1) });
+        self.prod
+            .end
+            .with_mut(|e| unsafe { *e = end.wrapping_add(1) });
     }
 
     /// Producer: make every written word visible to the consumer.
@@ -96,7 +101,10 @@ impl Ring {
     #[inline(always)]
     pub(crate) fn unpublished(&self) -> usize {
         // SAFETY (cell): producer only.
-        self.prod.end.with(|e| unsafe { *e }).wrapping_sub(self.tail.load(Ordering::Relaxed))
+        self.prod
+            .end
+            .with(|e| unsafe { *e })
+            .wrapping_sub(self.tail.load(Ordering::Relaxed))
     }
 
     /// Consumer: the published end.

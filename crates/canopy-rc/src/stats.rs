@@ -37,7 +37,9 @@ impl Stats {
             copies: self.copies.saturating_sub(earlier.copies),
             bytes_allocated: self.bytes_allocated.saturating_sub(earlier.bytes_allocated),
             bytes_copied: self.bytes_copied.saturating_sub(earlier.bytes_copied),
-            bytes_not_copied: self.bytes_not_copied.saturating_sub(earlier.bytes_not_copied),
+            bytes_not_copied: self
+                .bytes_not_copied
+                .saturating_sub(earlier.bytes_not_copied),
         }
     }
 }

@@ -115,10 +115,20 @@ impl<'a, T> Expr<'a, T> {
             let mut m = core::mem::MaybeUninit::<Inline>::uninit();
             // SAFETY: F fits in the inline storage (size and alignment checked).
             unsafe { (m.as_mut_ptr() as *mut F).write(f) };
-            Expr { store: Store::Inline(m), call: call::<F, T>, drop: drop_inline::<F>, _life: PhantomData }
+            Expr {
+                store: Store::Inline(m),
+                call: call::<F, T>,
+                drop: drop_inline::<F>,
+                _life: PhantomData,
+            }
         } else {
             let p = Box::into_raw(Box::new(f)) as *mut u8;
-            Expr { store: Store::Boxed(p), call: call::<F, T>, drop: drop_boxed::<F>, _life: PhantomData }
+            Expr {
+                store: Store::Boxed(p),
+                call: call::<F, T>,
+                drop: drop_boxed::<F>,
+                _life: PhantomData,
+            }
         }
     }
 
@@ -157,22 +167,40 @@ pub struct Gen<'a, T> {
 
 impl<T> core::fmt::Debug for Gen<'_, T> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Gen").field("lo", &&*self.lo).field("hi", &&*self.hi).field("grain", &self.grain).finish()
+        f.debug_struct("Gen")
+            .field("lo", &&*self.lo)
+            .field("hi", &&*self.hi)
+            .field("grain", &self.grain)
+            .finish()
     }
 }
 
 impl<'a, T> Gen<'a, T> {
     /// Elements `lo <= iv < hi` become `f(iv)`.
     pub fn new(lo: &[usize], hi: &[usize], f: impl Fn(&[usize]) -> T + Send + Sync + 'a) -> Self {
-        Gen { lo: Idx::from_slice(lo), hi: Idx::from_slice(hi), expr: Expr::new(move |iv: &[usize], _: &T| f(iv)), grain: DEFAULT_GRAIN }
+        Gen {
+            lo: Idx::from_slice(lo),
+            hi: Idx::from_slice(hi),
+            expr: Expr::new(move |iv: &[usize], _: &T| f(iv)),
+            grain: DEFAULT_GRAIN,
+        }
     }
 
     /// Elements `lo <= iv < hi` become `f(iv, &current)`, where `current`
     /// is the element's value before the with-loop (the default, in
     /// `genarray`).  Reading the element being replaced is what lets
     /// `modarray` run in place.
-    pub fn update(lo: &[usize], hi: &[usize], f: impl Fn(&[usize], &T) -> T + Send + Sync + 'a) -> Self {
-        Gen { lo: Idx::from_slice(lo), hi: Idx::from_slice(hi), expr: Expr::new(f), grain: DEFAULT_GRAIN }
+    pub fn update(
+        lo: &[usize],
+        hi: &[usize],
+        f: impl Fn(&[usize], &T) -> T + Send + Sync + 'a,
+    ) -> Self {
+        Gen {
+            lo: Idx::from_slice(lo),
+            hi: Idx::from_slice(hi),
+            expr: Expr::new(f),
+            grain: DEFAULT_GRAIN,
+        }
     }
 
     /// Every index of `shape`.
@@ -193,7 +221,11 @@ impl<'a, T> Gen<'a, T> {
     }
 
     fn volume(&self) -> usize {
-        self.lo.iter().zip(self.hi.iter()).map(|(l, h)| h - l).product()
+        self.lo
+            .iter()
+            .zip(self.hi.iter())
+            .map(|(l, h)| h - l)
+            .product()
     }
 }
 
@@ -207,8 +239,14 @@ fn check_range(what: &str, k: usize, lo: &[usize], hi: &[usize], shape: &[usize]
         shape.len()
     );
     for d in 0..shape.len() {
-        assert!(lo[d] <= hi[d], "{what}: generator {k}: lower bound {lo:?} exceeds upper bound {hi:?}");
-        assert!(hi[d] <= shape[d], "{what}: generator {k}: upper bound {hi:?} exceeds shape {shape:?}");
+        assert!(
+            lo[d] <= hi[d],
+            "{what}: generator {k}: lower bound {lo:?} exceeds upper bound {hi:?}"
+        );
+        assert!(
+            hi[d] <= shape[d],
+            "{what}: generator {k}: upper bound {hi:?} exceeds shape {shape:?}"
+        );
     }
 }
 
@@ -242,6 +280,13 @@ impl<T> Clone for SyncPtr<T> {
     }
 }
 impl<T> Copy for SyncPtr<T> {}
+impl<T> SyncPtr<T> {
+    /// The pointer (a method, so closures capture the whole wrapper).
+    #[inline(always)]
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
 // SAFETY: used only to write disjoint elements from the workers of one
 // with-loop, which the calling thread waits for.
 unsafe impl<T: Send> Send for SyncPtr<T> {}
@@ -260,7 +305,13 @@ fn strides(shape: &[usize]) -> Idx {
 
 /// Visit the indices `k` in `range` of the box `lo..hi` (numbered row-major
 /// within the box), passing the index vector and its offset in `shape`.
-fn visit_chunk(lo: &[usize], hi: &[usize], st: &[usize], range: Range<usize>, f: &mut impl FnMut(&[usize], usize)) {
+fn visit_chunk(
+    lo: &[usize],
+    hi: &[usize],
+    st: &[usize],
+    range: Range<usize>,
+    f: &mut impl FnMut(&[usize], usize),
+) {
     let r = lo.len();
     if range.is_empty() {
         return;
@@ -301,14 +352,24 @@ fn visit_chunk(lo: &[usize], hi: &[usize], st: &[usize], range: Range<usize>, f:
 
 /// Run `f(iv, offset)` for every index of `lo..hi`, in parallel chunks of at
 /// least `grain` elements.  Returns whether it ran in parallel.
-fn par_box(lo: &[usize], hi: &[usize], shape: &[usize], grain: usize, f: impl Fn(&[usize], usize) + Sync) -> bool {
+fn par_box(
+    lo: &[usize],
+    hi: &[usize],
+    shape: &[usize],
+    grain: usize,
+    f: impl Fn(&[usize], usize) + Sync,
+) -> bool {
     let vol: usize = lo.iter().zip(hi).map(|(l, h)| h - l).product();
     if vol == 0 {
         return false;
     }
     let st = strides(shape);
+    if vol < grain.saturating_mul(2) {
+        visit_chunk(lo, hi, &st, 0..vol, &mut |iv, o| f(iv, o));
+        return false;
+    }
     let threads = rayon::current_num_threads().max(1);
-    if vol < grain.saturating_mul(2) || threads == 1 {
+    if threads == 1 {
         visit_chunk(lo, hi, &st, 0..vol, &mut |iv, o| f(iv, o));
         return false;
     }
@@ -334,12 +395,11 @@ fn run_gens<T: Send + Sync>(data: *mut T, shape: &[usize], gens: &[Gen<'_, T>]) 
     let mut par = false;
     for g in gens {
         par |= par_box(&g.lo, &g.hi, shape, g.grain, |iv, off| {
-            let p = p;
             // SAFETY: off < len (the box is inside the shape); generators do
             // not overlap and chunks are disjoint, so no other worker touches
             // this element during the with-loop.
             unsafe {
-                let e = p.0.add(off);
+                let e = p.get().add(off);
                 let v = g.expr.eval(iv, &*e);
                 *e = v;
             }
@@ -369,9 +429,8 @@ where
         let u = Array::<T, P>::alloc(shape).unwrap_or_else(|e| panic!("genarray: {e}"));
         let p = SyncPtr(u.data());
         let par = par_box(&g.lo, &g.hi, shape, g.grain, |iv, off| {
-            let p = p;
             // SAFETY: off < len; each element written exactly once.
-            unsafe { p.0.add(off).write(g.expr.eval(iv, &default)) };
+            unsafe { p.get().add(off).write(g.expr.eval(iv, &default)) };
         });
         // SAFETY: the single generator covered all len elements.
         let a = unsafe { u.assume_init() };
@@ -420,13 +479,14 @@ fn copy_par<T: Clone + Send + Sync, P: Policy>(a: &Array<T, P>) -> Array<T, P> {
     let u = Array::<T, P>::alloc(a.shape()).unwrap_or_else(|e| panic!("modarray: {e}"));
     let dst = SyncPtr(u.data());
     let src = a.as_slice();
-    src.par_chunks(DEFAULT_GRAIN).enumerate().for_each(|(c, s)| {
-        let dst = dst;
-        for (i, v) in s.iter().enumerate() {
-            // SAFETY: each destination index written once, inside len.
-            unsafe { dst.0.add(c * DEFAULT_GRAIN + i).write(v.clone()) };
-        }
-    });
+    src.par_chunks(DEFAULT_GRAIN)
+        .enumerate()
+        .for_each(|(c, s)| {
+            for (i, v) in s.iter().enumerate() {
+                // SAFETY: each destination index written once, inside len.
+                unsafe { dst.get().add(c * DEFAULT_GRAIN + i).write(v.clone()) };
+            }
+        });
     // SAFETY: every element written.
     unsafe { u.assume_init() }
 }
@@ -443,9 +503,16 @@ where
     F: Fn(&[usize]) -> U + Sync,
     O: Fn(U, U) -> U + Sync + Send,
 {
-    assert_eq!(lo.len(), hi.len(), "fold: bounds {lo:?}..{hi:?} differ in rank");
+    assert_eq!(
+        lo.len(),
+        hi.len(),
+        "fold: bounds {lo:?}..{hi:?} differ in rank"
+    );
     for d in 0..lo.len() {
-        assert!(lo[d] <= hi[d], "fold: lower bound {lo:?} exceeds upper bound {hi:?}");
+        assert!(
+            lo[d] <= hi[d],
+            "fold: lower bound {lo:?} exceeds upper bound {hi:?}"
+        );
     }
     let vol: usize = lo.iter().zip(hi).map(|(l, h)| h - l).product();
     let st = strides(hi);
@@ -486,9 +553,8 @@ where
     let p = SyncPtr(u.data());
     let lo = Idx::zeros(shape.len());
     let par = par_box(&lo, shape, shape, DEFAULT_GRAIN, |iv, off| {
-        let p = p;
         // SAFETY: off < len; each element written exactly once.
-        unsafe { p.0.add(off).write(f(iv)) };
+        unsafe { p.get().add(off).write(f(iv)) };
     });
     // SAFETY: the range covered every element.
     let a = unsafe { u.assume_init() };
@@ -527,10 +593,9 @@ impl<T: Clone + Send + Sync, P: Policy> Array<T, P> {
         let shape = Idx::from_slice(target.shape());
         let p = SyncPtr(target.data_ptr());
         let par = par_box(lo, hi, &shape, DEFAULT_GRAIN, |iv, off| {
-            let p = p;
             // SAFETY: off < len; chunks are disjoint.
             unsafe {
-                let e = p.0.add(off);
+                let e = p.get().add(off);
                 let v = f(iv, &*e);
                 *e = v;
             }

@@ -4,7 +4,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use canopy_rc::{delegated, fold, genarray, thread_stats, Array, Atomic, Biased, Delegated, Gen, Local, Policy};
+use canopy_rc::{
+    delegated, fold, genarray, thread_stats, Array, Atomic, Biased, Delegated, Gen, Local, Policy,
+};
 
 /// An element that counts its drops.
 #[derive(Debug)]
@@ -32,7 +34,11 @@ fn shape_index_and_rank0() {
     let e: Array<u8> = Array::from_vec(&[0, 5], vec![]);
     assert!(e.is_empty());
     let err = Array::<u8>::try_from_vec(&[2, 2], vec![1, 2, 3]).unwrap_err();
-    assert!(err.to_string().contains("shape [2, 2] has 4 elements but 3"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("shape [2, 2] has 4 elements but 3"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -57,7 +63,12 @@ where
         delegated::flush();
     });
     t.join().unwrap();
-    assert_eq!(drops.load(Ordering::SeqCst), 0, "{}: freed while referenced", P::NAME);
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        0,
+        "{}: freed while referenced",
+        P::NAME
+    );
     drop(b);
     delegated::flush();
     let mut spins = 0u64;
@@ -67,7 +78,12 @@ where
         assert!(spins < 50_000_000, "{}: never freed", P::NAME);
     }
     std::thread::sleep(std::time::Duration::from_millis(5));
-    assert_eq!(drops.load(Ordering::SeqCst), 4, "{}: elements dropped once each", P::NAME);
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        4,
+        "{}: elements dropped once each",
+        P::NAME
+    );
 }
 
 #[test]
@@ -134,7 +150,10 @@ fn genarray_paper_example() {
     let c: Array<i32> = genarray(
         &[6, 7],
         -1,
-        &[Gen::new(&[3, 0], &[6, 4], |iv| (iv[0] * 10 + iv[1]) as i32), Gen::new(&[0, 4], &[6, 7], |iv| bm[iv])],
+        &[
+            Gen::new(&[3, 0], &[6, 4], |iv| (iv[0] * 10 + iv[1]) as i32),
+            Gen::new(&[0, 4], &[6, 7], |iv| bm[iv]),
+        ],
     );
     for i in 0..6 {
         for j in 0..7 {
@@ -153,9 +172,17 @@ fn genarray_paper_example() {
 #[test]
 fn parallel_with_loops_match_sequential() {
     let n = 300;
-    let a: Array<u64> = genarray(&[n, n], 0, &[Gen::all(&[n, n], |iv| (iv[0] * n + iv[1]) as u64).grain(64)]);
+    let a: Array<u64> = genarray(
+        &[n, n],
+        0,
+        &[Gen::all(&[n, n], |iv| (iv[0] * n + iv[1]) as u64).grain(64)],
+    );
     assert!(a.as_slice().iter().enumerate().all(|(i, &v)| v == i as u64));
-    let b: Array<u64, Delegated> = genarray(&[n, n], 0, &[Gen::new(&[1, 2], &[n - 1, n - 3], |iv| (iv[0] + iv[1]) as u64).grain(16)]);
+    let b: Array<u64, Delegated> = genarray(
+        &[n, n],
+        0,
+        &[Gen::new(&[1, 2], &[n - 1, n - 3], |iv| (iv[0] + iv[1]) as u64).grain(16)],
+    );
     for (i, &v) in b.as_slice().iter().enumerate() {
         let (r, c) = (i / n, i % n);
         let inside = (1..n - 1).contains(&r) && (2..n - 3).contains(&c);
@@ -187,7 +214,11 @@ fn parallel_workers_clone_shared_input() {
             })
             .grain(1)],
         );
-        assert!(r.as_slice().iter().enumerate().all(|(i, &x)| x == 2 * i as u64));
+        assert!(r
+            .as_slice()
+            .iter()
+            .enumerate()
+            .all(|(i, &x)| x == 2 * i as u64));
         // All clones dropped and flushed at the end of the with-loop: once
         // the counting threads catch up, `v` is unique again.
         let mut n = 0u64;
@@ -205,7 +236,14 @@ fn parallel_workers_clone_shared_input() {
 #[test]
 #[should_panic(expected = "generators 0 ([0, 0]..[2, 2]) and 1 ([1, 1]..[3, 3]) overlap")]
 fn overlapping_generators_panic() {
-    let _: Array<u8, Local> = genarray(&[4, 4], 0, &[Gen::new(&[0, 0], &[2, 2], |_| 1), Gen::new(&[1, 1], &[3, 3], |_| 2)]);
+    let _: Array<u8, Local> = genarray(
+        &[4, 4],
+        0,
+        &[
+            Gen::new(&[0, 0], &[2, 2], |_| 1),
+            Gen::new(&[1, 1], &[3, 3], |_| 2),
+        ],
+    );
 }
 
 #[test]
@@ -259,6 +297,9 @@ fn delegated_config_is_fixed_once_started() {
     let a: Array<u8, Delegated> = Array::filled(&[1], 0);
     let n = delegated::counting_threads();
     assert!(delegated::set_counting_threads(n).is_ok());
-    assert_eq!(delegated::set_counting_threads(n + 1), Err(delegated::AlreadyStarted(n)));
+    assert_eq!(
+        delegated::set_counting_threads(n + 1),
+        Err(delegated::AlreadyStarted(n))
+    );
     drop(a);
 }

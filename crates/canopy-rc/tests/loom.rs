@@ -95,11 +95,20 @@ fn getrc_never_reports_unique_while_shared() {
         if n == 1 {
             // SAFETY: getrc said unique.
             unsafe {
-                assert!(!(*o).t1_holds.load(Ordering::Relaxed), "getrc said 1 while thread 1 holds a reference");
+                assert!(
+                    !(*o).t1_holds.load(Ordering::Relaxed),
+                    "getrc said 1 while thread 1 holds a reference"
+                );
                 (*o).data.with_mut(|p| *p = 1);
             }
         }
-        unsafe { assert_eq!((*o).freed.load(Ordering::Relaxed), 0, "freed while referenced") };
+        unsafe {
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                0,
+                "freed while referenced"
+            )
+        };
         s0.dec(o as *const DCount);
         drop(s0);
         t1.join().unwrap();
@@ -107,7 +116,11 @@ fn getrc_never_reports_unique_while_shared() {
         ct.join().unwrap();
         // SAFETY: every thread is done with the object.
         unsafe {
-            assert_eq!((*o).freed.load(Ordering::Relaxed), 1, "released exactly once");
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                1,
+                "released exactly once"
+            );
             drop(Box::from_raw(o));
         }
     });
@@ -130,7 +143,11 @@ fn back_pressure_keeps_order() {
         for _ in 0..3 {
             s.dec(o as *const DCount);
         }
-        assert_eq!(s.getrc(o as *const DCount), 1, "own operations applied in order before the query");
+        assert_eq!(
+            s.getrc(o as *const DCount),
+            1,
+            "own operations applied in order before the query"
+        );
         s.dec(o as *const DCount);
         drop(s);
         stop.store(true, Ordering::Release);

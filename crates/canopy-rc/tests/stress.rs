@@ -11,7 +11,11 @@ use std::sync::Arc;
 use canopy_rc::{delegated, Array, Atomic, Biased, Delegated, Policy};
 
 fn scale() -> usize {
-    std::env::var("CANOPY_STRESS_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1)
+    std::env::var("CANOPY_STRESS_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// Counts its array's frees (the check after the run wants exactly one).
@@ -52,11 +56,17 @@ where
         // The creating thread keeps its references for the whole round, so
         // every worker's getrc must say at least 2.
         let originals: Vec<Array<Tracker, P>> = (0..ARRAYS)
-            .map(|i| Array::from_fn(&[1], |_| Tracker { id: round * ARRAYS + i, freed: freed.clone() }))
+            .map(|i| {
+                Array::from_fn(&[1], |_| Tracker {
+                    id: round * ARRAYS + i,
+                    freed: freed.clone(),
+                })
+            })
             .collect();
         std::thread::scope(|s| {
             for t in 0..THREADS {
-                let held: Vec<Vec<Array<Tracker, P>>> = originals.iter().map(|a| vec![a.clone()]).collect();
+                let held: Vec<Vec<Array<Tracker, P>>> =
+                    originals.iter().map(|a| vec![a.clone()]).collect();
                 let false_unique = &false_unique;
                 s.spawn(move || {
                     let mut held = held;
@@ -90,20 +100,35 @@ where
         delegated::flush();
         canopy_rc::biased::merge_pending();
     }
-    assert_eq!(false_unique.load(Ordering::Relaxed), 0, "{}: getrc said 1 while another reference lived", P::NAME);
+    assert_eq!(
+        false_unique.load(Ordering::Relaxed),
+        0,
+        "{}: getrc said 1 while another reference lived",
+        P::NAME
+    );
     // Delegated frees happen on the counting threads, soon after.
     let mut waited = 0u64;
     loop {
-        let done = freed.iter().filter(|f| f.load(Ordering::SeqCst) >= 1).count();
+        let done = freed
+            .iter()
+            .filter(|f| f.load(Ordering::SeqCst) >= 1)
+            .count();
         if done == total {
             break;
         }
         waited += 1;
-        assert!(waited < 20_000, "{}: only {done} of {total} arrays freed", P::NAME);
+        assert!(
+            waited < 20_000,
+            "{}: only {done} of {total} arrays freed",
+            P::NAME
+        );
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     std::thread::sleep(std::time::Duration::from_millis(20));
-    let twice = freed.iter().filter(|f| f.load(Ordering::SeqCst) > 1).count();
+    let twice = freed
+        .iter()
+        .filter(|f| f.load(Ordering::SeqCst) > 1)
+        .count();
     assert_eq!(twice, 0, "{}: {twice} arrays freed more than once", P::NAME);
 }
 

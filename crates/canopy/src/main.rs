@@ -159,7 +159,12 @@ struct RcSacArgs {
     #[command(flatten)]
     rc: RcArgs,
     /// Temporary lengths X, comma-separated
-    #[arg(long = "x", value_delimiter = ',', value_name = "LIST", default_value = "1000,250,100,25")]
+    #[arg(
+        long = "x",
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "1000,250,100,25"
+    )]
     xs: Vec<usize>,
 }
 

@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use canopy_rc::{delegated, genarray, genarray_fn, Array, Atomic, Biased, Delegated, Gen, Local, Policy};
+use canopy_rc::{
+    delegated, genarray, genarray_fn, Array, Atomic, Biased, Delegated, Gen, Local, Policy,
+};
 use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::json;
@@ -45,7 +47,10 @@ impl RcCommon {
 }
 
 fn pool(threads: usize) -> Result<rayon::ThreadPool> {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("could not build a thread pool")
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("could not build a thread pool")
 }
 
 fn max_threads() -> usize {
@@ -76,11 +81,10 @@ fn fmt_ns(s: Option<f64>) -> String {
     s.map_or_else(|| "—".into(), |v| format!("{v:.2}"))
 }
 
+/// Write the report.  `what` is (experiment name, title, paper).
 fn finish<S: Serialize>(
     c: &RcCommon,
-    name: &str,
-    title: &str,
-    paper: &str,
+    (name, title, paper): (&str, &str, &str),
     params: serde_json::Value,
     summary: S,
     markdown: String,
@@ -102,7 +106,12 @@ fn finish<S: Serialize>(
     };
     let markdown = markdown + &super::failures_markdown(&failures);
     let written = report::write_all(&c.results_dir, &report, &markdown, svg.as_deref())?;
-    Ok(Finished { name: name.into(), markdown, written, failures })
+    Ok(Finished {
+        name: name.into(),
+        markdown,
+        written,
+        failures,
+    })
 }
 
 fn header(title: &str, c: &RcCommon, note: &str) -> String {
@@ -142,7 +151,8 @@ pub struct SacRow {
 /// Sum of `idx + i` over `i < x`, written and read through a temporary.
 #[inline(always)]
 fn temp_sum(t: &[i32]) -> u64 {
-    t.iter().fold(0u64, |s, &v| s.wrapping_add(u64::from(v as u32)))
+    t.iter()
+        .fold(0u64, |s, &v| s.wrapping_add(u64::from(v as u32)))
 }
 
 fn sac_array(n: usize, x: usize, iters: usize) -> (u64, u64, u64, u64) {
@@ -176,11 +186,14 @@ fn sac_vec(n: usize, x: usize, iters: usize) -> u64 {
     let m = n / x;
     let mut a: Vec<u64> = vec![0; m];
     for _ in 0..iters {
-        a.par_iter_mut().with_min_len(2048).enumerate().for_each(|(idx, v)| {
-            let t: Vec<i32> = (0..x).map(|i| (idx + i) as i32).collect();
-            let t = black_box(t);
-            *v = v.wrapping_add(temp_sum(&t));
-        });
+        a.par_iter_mut()
+            .with_min_len(2048)
+            .enumerate()
+            .for_each(|(idx, v)| {
+                let t: Vec<i32> = (0..x).map(|i| (idx + i) as i32).collect();
+                let t = black_box(t);
+                *v = v.wrapping_add(temp_sum(&t));
+            });
     }
     a.iter().fold(0u64, |s, &v| s.wrapping_add(v))
 }
@@ -193,11 +206,14 @@ fn sac_arc(n: usize, x: usize, iters: usize) -> u64 {
             a = a.to_vec().into();
         }
         let s = Arc::get_mut(&mut a).expect("unique after the copy");
-        s.par_iter_mut().with_min_len(2048).enumerate().for_each(|(idx, v)| {
-            let t: Arc<[i32]> = (0..x).map(|i| (idx + i) as i32).collect();
-            let t = black_box(t);
-            *v = v.wrapping_add(temp_sum(&t));
-        });
+        s.par_iter_mut()
+            .with_min_len(2048)
+            .enumerate()
+            .for_each(|(idx, v)| {
+                let t: Arc<[i32]> = (0..x).map(|i| (idx + i) as i32).collect();
+                let t = black_box(t);
+                *v = v.wrapping_add(temp_sum(&t));
+            });
     }
     a.iter().fold(0u64, |s, &v| s.wrapping_add(v))
 }
@@ -231,7 +247,9 @@ pub fn run_sac(c: &RcCommon, xs: &[usize]) -> Result<Finished> {
                 secs[2].push(s2);
                 for (v, got) in [("array", sum), ("vec-glibc", sum1), ("arc-glibc", sum2)] {
                     if got != expect {
-                        failures.push(format!("rc-sac x={x} threads={t} {v}: checksum {got}, expected {expect}"));
+                        failures.push(format!(
+                            "rc-sac x={x} threads={t} {v}: checksum {got}, expected {expect}"
+                        ));
                     }
                 }
                 bar.inc(1);
@@ -299,7 +317,11 @@ pub fn run_sac(c: &RcCommon, xs: &[usize]) -> Result<Finished> {
                     .filter(|r| r.threads == t)
                     .map(|r| Group {
                         label: format!("X={}", r.x),
-                        values: r.seconds.iter().map(|s| crate::stats::ratio(*s, r.seconds[0])).collect(),
+                        values: r
+                            .seconds
+                            .iter()
+                            .map(|s| crate::stats::ratio(*s, r.seconds[0]))
+                            .collect(),
                     })
                     .collect(),
             })
@@ -309,9 +331,11 @@ pub fn run_sac(c: &RcCommon, xs: &[usize]) -> Result<Finished> {
     let svg = plot::render(&chart).ok();
     finish(
         c,
-        "rc-sac",
-        "SAC with-loop microbenchmark on canopy-rc arrays",
-        "000 Fig. 1",
+        (
+            "rc-sac",
+            "SAC with-loop microbenchmark on canopy-rc arrays",
+            "000 Fig. 1",
+        ),
         json!({ "n": n, "iters": iters, "xs": xs, "threads": thread_counts() }),
         rows,
         md,
@@ -405,7 +429,13 @@ where
 }
 
 /// Median seconds per with-loop of the kernel for policy `P`.
-fn kernel_time<P: Policy>(p: &rayon::ThreadPool, n: usize, w: usize, reps: usize, count: bool) -> (f64, bool)
+fn kernel_time<P: Policy>(
+    p: &rayon::ThreadPool,
+    n: usize,
+    w: usize,
+    reps: usize,
+    count: bool,
+) -> (f64, bool)
 where
     Array<u64, P>: Send + Sync,
 {
@@ -424,7 +454,11 @@ where
 }
 
 /// Nanoseconds per clone+drop pair of `a` on each of `threads` threads at once.
-fn pair_cost<P: Policy>(make: impl Fn() -> Array<u64, P> + Sync, threads: usize, pairs: usize) -> f64
+fn pair_cost<P: Policy>(
+    make: impl Fn() -> Array<u64, P> + Sync,
+    threads: usize,
+    pairs: usize,
+) -> f64
 where
     Array<u64, P>: Send + Sync,
 {
@@ -477,23 +511,38 @@ fn measure_costs(pairs: usize, runs: usize) -> Vec<OpCost> {
     let nt = max_threads().max(2);
     type Probe = Box<dyn Fn() -> f64>;
     let probes: Vec<(String, Probe)> = vec![
-        ("local (Rc-like), 1 thread".into(), Box::new(move || pair_cost_here::<Local>(pairs))),
-        ("atomic, private per thread, 1 thread".into(), Box::new(move || pair_cost_here::<Atomic>(pairs))),
+        (
+            "local (Rc-like), 1 thread".into(),
+            Box::new(move || pair_cost_here::<Local>(pairs)),
+        ),
+        (
+            "atomic, private per thread, 1 thread".into(),
+            Box::new(move || pair_cost_here::<Atomic>(pairs)),
+        ),
         (
             format!("atomic, one array shared by {nt} threads"),
             Box::new(move || pair_cost::<Atomic>(|| Array::filled(&[1], 1), nt, pairs / 4)),
         ),
-        ("biased, owner thread".into(), Box::new(move || pair_cost_here::<Biased>(pairs))),
+        (
+            "biased, owner thread".into(),
+            Box::new(move || pair_cost_here::<Biased>(pairs)),
+        ),
         (
             format!("biased, one array, {nt} non-owner threads"),
             Box::new(move || pair_cost::<Biased>(|| Array::filled(&[1], 1), nt, pairs / 4)),
         ),
-        ("delegated, mutator side, 1 thread".into(), Box::new(move || pair_cost_here::<Delegated>(pairs))),
+        (
+            "delegated, mutator side, 1 thread".into(),
+            Box::new(move || pair_cost_here::<Delegated>(pairs)),
+        ),
         (
             format!("delegated, mutator side, one array shared by {nt} threads"),
             Box::new(move || pair_cost::<Delegated>(|| Array::filled(&[1], 1), nt, pairs / 4)),
         ),
-        ("delegated getrc round trip (ns per call)".into(), Box::new(move || getrc_cost((pairs / 200).max(1000)))),
+        (
+            "delegated getrc round trip (ns per call)".into(),
+            Box::new(move || getrc_cost((pairs / 200).max(1000))),
+        ),
     ];
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); probes.len()];
     for _ in 0..runs {
@@ -501,7 +550,14 @@ fn measure_costs(pairs: usize, runs: usize) -> Vec<OpCost> {
             samples[i].push(f());
         }
     }
-    probes.iter().zip(samples).map(|((w, _), s)| OpCost { what: w.clone(), ns: median(&s) }).collect()
+    probes
+        .iter()
+        .zip(samples)
+        .map(|((w, _), s)| OpCost {
+            what: w.clone(),
+            ns: median(&s),
+        })
+        .collect()
 }
 
 fn line_chart(traces: &[PendingTrace]) -> Option<String> {
@@ -510,24 +566,50 @@ fn line_chart(traces: &[PendingTrace]) -> Option<String> {
     {
         let root = SVGBackend::with_string(&mut svg, (900, 420)).into_drawing_area();
         root.fill(&WHITE).ok()?;
-        let xmax = traces.iter().flat_map(|t| t.samples.iter().map(|s| s.0)).fold(1.0f64, f64::max);
-        let ymax = traces.iter().flat_map(|t| t.samples.iter().map(|s| s.1)).max().unwrap_or(1).max(1) as f64;
+        let xmax = traces
+            .iter()
+            .flat_map(|t| t.samples.iter().map(|s| s.0))
+            .fold(1.0f64, f64::max);
+        let ymax = traces
+            .iter()
+            .flat_map(|t| t.samples.iter().map(|s| s.1))
+            .max()
+            .unwrap_or(1)
+            .max(1) as f64;
         let mut ch = ChartBuilder::on(&root)
-            .caption("rc-kernel: pending count operations over time (delegated, n=512, W=100)", ("sans-serif", 18))
+            .caption(
+                "rc-kernel: pending count operations over time (delegated, n=512, W=100)",
+                ("sans-serif", 18),
+            )
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(60)
             .build_cartesian_2d(0f64..xmax * 1.02, 0f64..ymax * 1.1)
             .ok()?;
-        ch.configure_mesh().x_desc("time (µs)").y_desc("pending operations").draw().ok()?;
+        ch.configure_mesh()
+            .x_desc("time (µs)")
+            .y_desc("pending operations")
+            .draw()
+            .ok()?;
         for (i, t) in traces.iter().enumerate() {
-            let c = [RGBColor(0x1b, 0x9e, 0x77), RGBColor(0xd9, 0x5f, 0x02), RGBColor(0x75, 0x70, 0xb3)][i % 3];
-            ch.draw_series(LineSeries::new(t.samples.iter().map(|&(x, y)| (x, y as f64)), c.stroke_width(2)))
-                .ok()?
-                .label(format!("{} mutator(s)", t.threads))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+            let c = [
+                RGBColor(0x1b, 0x9e, 0x77),
+                RGBColor(0xd9, 0x5f, 0x02),
+                RGBColor(0x75, 0x70, 0xb3),
+            ][i % 3];
+            ch.draw_series(LineSeries::new(
+                t.samples.iter().map(|&(x, y)| (x, y as f64)),
+                c.stroke_width(2),
+            ))
+            .ok()?
+            .label(format!("{} mutator(s)", t.threads))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
         }
-        ch.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().ok()?;
+        ch.configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .ok()?;
         root.present().ok()?;
     }
     Some(svg)
@@ -581,10 +663,15 @@ pub fn run_kernel(c: &RcCommon) -> Result<Finished> {
                             .collect();
                         samples.sort_by(|a, b| a.0.total_cmp(&b.0));
                         let step = samples.len().div_ceil(600).max(1);
-                        traces.push(PendingTrace { threads: t, samples: samples.into_iter().step_by(step).collect() });
+                        traces.push(PendingTrace {
+                            threads: t,
+                            samples: samples.into_iter().step_by(step).collect(),
+                        });
                     }
                     if !ok {
-                        failures.push(format!("rc-kernel n={n} W={w} {pol} threads={t}: wrong result"));
+                        failures.push(format!(
+                            "rc-kernel n={n} W={w} {pol} threads={t}: wrong result"
+                        ));
                     }
                     secs[k].push(s);
                 }
@@ -630,14 +717,17 @@ pub fn run_kernel(c: &RcCommon) -> Result<Finished> {
             r.w.to_string(),
             r.policy.clone(),
             r.threads.to_string(),
-            r.seconds.map_or_else(|| "—".into(), |s| format!("{:.1}", s * 1e6)),
+            r.seconds
+                .map_or_else(|| "—".into(), |s| format!("{:.1}", s * 1e6)),
             fmt_ratio(r.speedup),
         ]);
     }
     md.push_str(&tb.render());
     let tmax = *ts.last().unwrap_or(&1);
     let find = |n: usize, w: usize, pol: &str, t: usize| {
-        rows.iter().find(|r| r.n == n && r.w == w && r.policy == pol && r.threads == t).and_then(|r| r.seconds)
+        rows.iter()
+            .find(|r| r.n == n && r.w == w && r.policy == pol && r.threads == t)
+            .and_then(|r| r.seconds)
     };
     md.push_str(&format!("\n## Checks at {tmax} mutators\n\n"));
     let mut tk = Table::new(["check", "n", "value"]);
@@ -645,13 +735,19 @@ pub fn run_kernel(c: &RcCommon) -> Result<Finished> {
         tk.row([
             "biased throughput / atomic, W=100".to_string(),
             n.to_string(),
-            fmt_ratio(crate::stats::ratio(find(n, 100, "atomic", tmax), find(n, 100, "biased", tmax))),
+            fmt_ratio(crate::stats::ratio(
+                find(n, 100, "atomic", tmax),
+                find(n, 100, "biased", tmax),
+            )),
         ]);
         for pol in ["atomic", "biased", "delegated"] {
             tk.row([
                 format!("{pol} speedup / none speedup, W=1000"),
                 n.to_string(),
-                fmt_ratio(crate::stats::ratio(find(n, 1000, "none", tmax), find(n, 1000, pol, tmax))),
+                fmt_ratio(crate::stats::ratio(
+                    find(n, 1000, "none", tmax),
+                    find(n, 1000, pol, tmax),
+                )),
             ]);
         }
     }
@@ -660,11 +756,18 @@ pub fn run_kernel(c: &RcCommon) -> Result<Finished> {
     let svg = line_chart(&traces);
     finish(
         c,
-        "rc-kernel",
-        "Synthetic reference-counting kernel per policy",
-        "003 Figs. 5-8",
+        (
+            "rc-kernel",
+            "Synthetic reference-counting kernel per policy",
+            "003 Figs. 5-8",
+        ),
         json!({ "budget_elements_x_w": budget, "pairs": pairs, "threads": ts }),
-        KernelSummary { costs, rows, traces, counting_threads },
+        KernelSummary {
+            costs,
+            rows,
+            traces,
+            counting_threads,
+        },
         md,
         svg,
         failures,
@@ -687,19 +790,28 @@ pub struct C64 {
 impl core::ops::Add for C64 {
     type Output = C64;
     fn add(self, o: C64) -> C64 {
-        C64 { re: self.re + o.re, im: self.im + o.im }
+        C64 {
+            re: self.re + o.re,
+            im: self.im + o.im,
+        }
     }
 }
 impl core::ops::Sub for C64 {
     type Output = C64;
     fn sub(self, o: C64) -> C64 {
-        C64 { re: self.re - o.re, im: self.im - o.im }
+        C64 {
+            re: self.re - o.re,
+            im: self.im - o.im,
+        }
     }
 }
 impl core::ops::Mul for C64 {
     type Output = C64;
     fn mul(self, o: C64) -> C64 {
-        C64 { re: self.re * o.re - self.im * o.im, im: self.re * o.im + self.im * o.re }
+        C64 {
+            re: self.re * o.re - self.im * o.im,
+            im: self.re * o.im + self.im * o.re,
+        }
     }
 }
 
@@ -714,7 +826,10 @@ impl Twiddles {
         let w = (0..n / 2)
             .map(|k| {
                 let a = -2.0 * std::f64::consts::PI * k as f64 / n as f64;
-                C64 { re: a.cos(), im: a.sin() }
+                C64 {
+                    re: a.cos(),
+                    im: a.sin(),
+                }
             })
             .collect();
         Twiddles { n, w }
@@ -782,7 +897,11 @@ fn pass_arr(m: &Array<C64, Atomic>, n: usize, reuse: bool, tw: &Twiddles) -> Arr
         .into_par_iter()
         .map(|r| fft_arr(Array::from_fn(&[n], |j| src[r * n + j]), reuse, tw))
         .collect();
-    let out = genarray(&[n, n], C64::default(), &[Gen::all(&[n, n], |iv| rows[iv[1]].as_slice()[iv[0]])]);
+    let out = genarray(
+        &[n, n],
+        C64::default(),
+        &[Gen::all(&[n, n], |iv| rows[iv[1]].as_slice()[iv[0]])],
+    );
     out
 }
 
@@ -792,7 +911,10 @@ fn fft2_arr(m: &Array<C64, Atomic>, n: usize, reuse: bool, tw: &Twiddles) -> Arr
 }
 
 fn pass_vec(m: &[C64], n: usize, tw: &Twiddles) -> Vec<C64> {
-    let rows: Vec<Vec<C64>> = (0..n).into_par_iter().map(|r| fft_vec(&m[r * n..(r + 1) * n], tw)).collect();
+    let rows: Vec<Vec<C64>> = (0..n)
+        .into_par_iter()
+        .map(|r| fft_vec(&m[r * n..(r + 1) * n], tw))
+        .collect();
     let mut out = vec![C64::default(); n * n];
     out.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
         for (j, x) in row.iter_mut().enumerate() {
@@ -835,13 +957,20 @@ pub fn run_fft(c: &RcCommon) -> Result<Finished> {
         Size::Paper => 200,
     };
     let tw = Twiddles::new(N);
-    let input: Vec<C64> =
-        (0..N * N).map(|i| C64 { re: ((i * 7919) % 1000) as f64 / 1000.0, im: ((i * 104_729) % 997) as f64 / 997.0 }).collect();
+    let input: Vec<C64> = (0..N * N)
+        .map(|i| C64 {
+            re: ((i * 7919) % 1000) as f64 / 1000.0,
+            im: ((i * 104_729) % 997) as f64 / 997.0,
+        })
+        .collect();
     let m: Array<C64, Atomic> = Array::from_vec(&[N, N], input.clone());
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     let reference = fft2_vec(&input, N, &tw);
-    for t in [1, max_threads()].into_iter().collect::<std::collections::BTreeSet<_>>() {
+    for t in [1, max_threads()]
+        .into_iter()
+        .collect::<std::collections::BTreeSet<_>>()
+    {
         let p = pool(t)?;
         let mut secs: [Vec<f64>; 3] = Default::default();
         let mut allocs = [0u64; 2];
@@ -863,9 +992,16 @@ pub fn run_fft(c: &RcCommon) -> Result<Finished> {
                 reuses[k] = d.reuses / reps as u64;
                 secs[k].push(s / reps as f64);
                 let out = out.expect("reps >= 1");
-                let err = out.as_slice().iter().zip(&reference).map(|(a, b)| (a.re - b.re).abs().max((a.im - b.im).abs())).fold(0.0, f64::max);
+                let err = out
+                    .as_slice()
+                    .iter()
+                    .zip(&reference)
+                    .map(|(a, b)| (a.re - b.re).abs().max((a.im - b.im).abs()))
+                    .fold(0.0, f64::max);
                 if err > 1e-6 {
-                    failures.push(format!("rc-fft threads={t} reuse={reuse}: differs from the Vec result by {err}"));
+                    failures.push(format!(
+                        "rc-fft threads={t} reuse={reuse}: differs from the Vec result by {err}"
+                    ));
                 }
             }
             let (s, out) = p.install(|| {
@@ -932,21 +1068,37 @@ pub fn run_fft(c: &RcCommon) -> Result<Finished> {
     let chart = BarChart {
         title: "rc-fft: time relative to array-reuse".into(),
         y_label: "time / array-reuse time".into(),
-        series: vec!["array-reuse".into(), "array-noreuse".into(), "vec-glibc".into()],
+        series: vec![
+            "array-reuse".into(),
+            "array-noreuse".into(),
+            "vec-glibc".into(),
+        ],
         panels: vec![Panel {
             title: "2-D FFT 128x128".into(),
             groups: rows
                 .iter()
                 .map(|r| Group {
                     label: format!("{} thread(s)", r.threads),
-                    values: r.seconds.iter().map(|s| crate::stats::ratio(*s, r.seconds[0])).collect(),
+                    values: r
+                        .seconds
+                        .iter()
+                        .map(|s| crate::stats::ratio(*s, r.seconds[0]))
+                        .collect(),
                 })
                 .collect(),
         }],
         reference: Some(1.0),
     };
     let svg = plot::render(&chart).ok();
-    finish(c, "rc-fft", "2-D FFT with and without reuse", "003 §5.2", json!({ "n": N, "reps": reps }), rows, md, svg, failures)
+    finish(
+        c,
+        ("rc-fft", "2-D FFT with and without reuse", "003 §5.2"),
+        json!({ "n": N, "reps": reps }),
+        rows,
+        md,
+        svg,
+        failures,
+    )
 }
 
 // ---------------------------------------------------------------------------
@@ -1011,7 +1163,14 @@ where
             fs += 1;
         }
     }
-    ReuseRow { policy: P::NAME.into(), k, trials, false_unique: fu, under_reports: ur, false_shared: fs }
+    ReuseRow {
+        policy: P::NAME.into(),
+        k,
+        trials,
+        false_unique: fu,
+        under_reports: ur,
+        false_shared: fs,
+    }
 }
 
 /// `rc-reuse`: an array is given to k concurrent tasks, then updated; how
@@ -1047,7 +1206,15 @@ pub fn run_reuse(c: &RcCommon) -> Result<Finished> {
              (modarray): a copy there is a false \"shared\" (the count was 1)."
         ),
     );
-    let mut tb = Table::new(["policy", "k", "trials", "false unique", "under-reports", "false shared", "false shared %"]);
+    let mut tb = Table::new([
+        "policy",
+        "k",
+        "trials",
+        "false unique",
+        "under-reports",
+        "false shared",
+        "false shared %",
+    ]);
     for r in &rows {
         tb.row([
             r.policy.clone(),
@@ -1060,5 +1227,13 @@ pub fn run_reuse(c: &RcCommon) -> Result<Finished> {
         ]);
     }
     md.push_str(&tb.render());
-    finish(c, "rc-reuse", "Reuse accuracy of delegated counting", "003 §4", json!({ "trials": trials }), rows, md, None, failures)
+    finish(
+        c,
+        ("rc-reuse", "Reuse accuracy of delegated counting", "003 §4"),
+        json!({ "trials": trials }),
+        rows,
+        md,
+        None,
+        failures,
+    )
 }
