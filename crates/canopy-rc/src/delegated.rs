@@ -20,6 +20,11 @@
 //!
 //! The protocol itself is in `delegate.rs` and modelled in `tests/loom.rs`.
 //!
+//! Restriction: code that runs on a counting thread (the `Drop` of an
+//! element type, when the counting thread frees an array) may drop delegated
+//! arrays but must not clone them or ask `getrc` (debug builds assert this;
+//! a `getrc` there would wait for itself).
+//!
 //! [`Delegated`]: crate::Delegated
 
 use std::cell::Cell;
