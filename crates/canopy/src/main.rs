@@ -12,7 +12,7 @@ use canopy_bench::anchors::{self, Contenders, Discover, ANCHORS};
 use canopy_bench::artifacts::Lookup;
 use canopy_bench::experiments::region::RegionCommon;
 use canopy_bench::experiments::{
-    region_frag, region_pack, region_speed, sac, sac_callgrind, workloads, Common, Finished,
+    rc, region_frag, region_pack, region_speed, sac, sac_callgrind, workloads, Common, Finished,
 };
 use canopy_bench::report::{self, Size};
 use clap::{Args, Parser, Subcommand};
@@ -174,6 +174,58 @@ enum Experiment {
                             Target: the list packs into at most a handful (5) of runs."
     )]
     RegionPack(RegionPackArgs),
+    /// canopy-rc: the SAC microbenchmark on reference-counted arrays, A updated in place (paper 000, Fig. 1)
+    #[command(
+        long_about = "The with-loop microbenchmark of paper 000 (Fig. 1) written with canopy-rc: A = modarray(A) \
+                            updated in place each iteration, temporaries Array<i32, Local> (descriptor and data in one \
+                            Canopy block). Reports time against the same program on Vec + glibc and on Arc<[T]> + \
+                            glibc, and the allocations of A after the first iteration (0 when reuse works). In process."
+    )]
+    RcSac(RcSacArgs),
+    /// canopy-rc: the synthetic reference-counting kernel per policy and thread count (paper 003, Figs. 5-8)
+    #[command(
+        long_about = "The synthetic kernel of paper 003 (Fig. 5): a with-loop over 512 and 4096 elements, two \
+                            count operations on the shared input per element and W = 100 or 1000 units of work, for \
+                            no counting, atomic, biased and delegated counting at 1.. CPUs mutator threads; speedup \
+                            against one thread without counting (Fig. 8), pending count operations over time \
+                            (Figs. 6-7), and the cost of a clone+drop pair and of a getrc round trip per policy."
+    )]
+    RcKernel(RcArgs),
+    /// canopy-rc: 2-D FFT 128x128 (Danielson-Lanczos) with and without reuse, against plain Rust (paper 003 §5.2)
+    RcFft(RcArgs),
+    /// canopy-rc: reuse accuracy of delegated counting after k concurrent tasks (false shared / false unique)
+    RcReuse(RcArgs),
+}
+
+#[derive(Debug, Args)]
+struct RcArgs {
+    #[command(flatten)]
+    size: SizeArgs,
+    /// Runs per configuration; the median is reported [default: 3 quick, 5 otherwise]
+    #[arg(long)]
+    runs: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+struct RcSacArgs {
+    #[command(flatten)]
+    rc: RcArgs,
+    /// Temporary lengths X, comma-separated
+    #[arg(
+        long = "x",
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "1000,250,100,25"
+    )]
+    xs: Vec<usize>,
+}
+
+fn rc_common(cli: &Cli, a: &RcArgs) -> rc::RcCommon {
+    rc::RcCommon {
+        size: a.size.size(),
+        runs: a.runs,
+        results_dir: results_dir(cli),
+    }
 }
 
 #[derive(Debug, Args, Clone)]
@@ -468,6 +520,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     };
                     region_pack::run(&region_common(&cli, a.size.size(), a.runs), &opts)?
                 }
+                Experiment::RcSac(a) => rc::run_sac(&rc_common(&cli, &a.rc), &a.xs)?,
+                Experiment::RcKernel(a) => rc::run_kernel(&rc_common(&cli, a))?,
+                Experiment::RcFft(a) => rc::run_fft(&rc_common(&cli, a))?,
+                Experiment::RcReuse(a) => rc::run_reuse(&rc_common(&cli, a))?,
             };
             print!("{}", finished.markdown);
             print_written(&finished);
@@ -515,8 +571,15 @@ fn tour(cli: &Cli, a: &TourArgs) -> Result<ExitCode> {
     let c = common(cli, Size::Quick, a.runs, &a.contenders)?;
     let mut done = Vec::new();
     let mut errors = Vec::new();
-    let rc = region_common(cli, Size::Quick, a.runs);
-    let steps: [(&str, Step); 6] = [
+    let regc = region_common(cli, Size::Quick, a.runs);
+    
+    let rcc = rc::RcCommon {
+        size: Size::Quick,
+        runs: a.runs,
+        results_dir: dir.clone(),
+    };
+    
+    let steps: [(&str, Step); 10] = [
         (
             "sac",
             Box::new(|| {
@@ -547,16 +610,20 @@ fn tour(cli: &Cli, a: &TourArgs) -> Result<ExitCode> {
         ),
         (
             "region-frag",
-            Box::new(|| region_frag::run(&rc, &region_frag::FragOptions::default())),
+            Box::new(|| region_frag::run(&regc, &region_frag::FragOptions::default())),
         ),
         (
             "region-speed",
-            Box::new(|| region_speed::run(&rc, &region_speed::SpeedOptions::default())),
+            Box::new(|| region_speed::run(&regc, &region_speed::SpeedOptions::default())),
         ),
         (
             "region-pack",
-            Box::new(|| region_pack::run(&rc, &region_pack::PackOptions::default())),
+            Box::new(|| region_pack::run(&regc, &region_pack::PackOptions::default())),
         ),
+        ("rc-sac", Box::new(|| rc::run_sac(&rcc, &[100, 25]))),
+        ("rc-kernel", Box::new(|| rc::run_kernel(&rcc))),
+        ("rc-fft", Box::new(|| rc::run_fft(&rcc))),
+        ("rc-reuse", Box::new(|| rc::run_reuse(&rcc))),
     ];
     for (name, step) in steps.iter() {
         eprintln!("== {name}");

@@ -11,6 +11,7 @@
 //! | [`region_frag`] | random allocate/free in one region: requested bytes vs. full and partial slabs | 002 §6.2, Fig. 4a-c |
 //! | [`region_speed`] | allocate/free in a region and free a whole region, vs. malloc, bumpalo, typed-arena, slab | 002 §4.3 |
 //! | [`region_pack`] | packing a 30,000-node list and a per-level-region oct-tree into runs | 002 §4.3, §6.3 |
+//! | [`rc`] | canopy-rc: SAC on `Array`, the synthetic RC kernel, 2-D FFT, reuse accuracy | 000 Fig. 1, 003 |
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,6 +24,7 @@ pub mod region;
 pub mod region_frag;
 pub mod region_pack;
 pub mod region_speed;
+pub mod rc;
 pub mod sac;
 pub mod sac_callgrind;
 pub mod workloads;

@@ -1,0 +1,607 @@
+//! The delegated counting protocol (paper 003 §4), independent of arrays
+//! and of the allocator so that `tests/loom.rs` can model it.
+//!
+//! Glossary:
+//! - *counting thread*: owns the counts of the objects mapped to it
+//!   ([`Domain::counter_of`], a fixed function of the address); it alone
+//!   reads or writes those counts after creation.
+//! - *sender*: one per mutator thread, with one *lane* per counting thread.
+//! - *lane*: a bounded ring of words from one sender to one counting thread
+//!   (`ring.rs`), so a sender's operations on an object arrive in the order
+//!   it issued them.
+//! - *message*: one word, the object's address with the operation in the two
+//!   low bits (objects are 16-byte aligned): increment, decrement or query;
+//!   a query is followed by a second word, the address of the reply slot.
+//!
+//! ## Order across threads
+//! Per-sender order is not enough once references travel: thread A clones
+//! (increment) and hands the clone to B, which drops it (decrement); if B's
+//! decrement were applied before A's increment, the count could reach zero,
+//! or `getrc` answer 1, while A still holds a reference.  The Microgrid gets
+//! this order from its delegation network; here it comes from two rules:
+//! 1. an increment is *published* before `clone` returns (a Release store of
+//!    the lane's tail: a plain store on x86, no atomic read-modify-write);
+//!    decrements and queries are published at the next increment, query,
+//!    flush, or when the lane holds [`PUBLISH_EVERY`] unpublished words;
+//! 2. in each round, the counting thread first reads every lane's tail (the
+//!    extent of the decrements it will apply), then applies every increment
+//!    published in any lane up to tails read *after* those, and only then the
+//!    decrements and queries.  If a decrement was published after B received
+//!    a reference, the increment that made it was published before, and the
+//!    counting thread's later read of A's tail sees it (Acquire of B's tail,
+//!    then coherence).  Applying an increment early only raises the count.
+//!
+//! Hence no false "unique": a query from S is answered after all of S's
+//! earlier operations and all increments that causally precede any applied
+//! decrement; the answer may be too high, never too low.
+//!
+//! ## Back-pressure
+//! A full lane makes a mutator publish and wait for the counting thread;
+//! counting threads never wait for a mutator, so this cannot deadlock.  A
+//! counting thread that itself sends (dropping an object whose elements are
+//! delegated arrays) is a non-blocking sender: words that do not fit wait in
+//! a local overflow list, in order, and only decrements may be sent that way.
+
+use std::collections::VecDeque;
+
+use crate::prim::{
+    fence, lock, spin_hint, Arc, AtomicBool, AtomicU64, AtomicUsize, Cell, Mutex, Ordering,
+};
+use crate::ring::Ring;
+
+/// Words per lane (the bound of the queue).
+#[cfg(not(canopy_loom))]
+pub(crate) const LANE_WORDS: usize = 1 << 14;
+#[cfg(canopy_loom)]
+pub(crate) const LANE_WORDS: usize = 4;
+
+/// Unpublished decrements a lane may hold before they are published.
+#[cfg(not(canopy_loom))]
+pub const PUBLISH_EVERY: usize = 256;
+/// Unpublished decrements a lane may hold before they are published.
+#[cfg(canopy_loom)]
+pub const PUBLISH_EVERY: usize = 2;
+
+const OP_INC: usize = 0;
+const OP_DEC: usize = 1;
+const OP_QUERY: usize = 2;
+const OP_MASK: usize = 3;
+/// Reply slot value meaning "not answered yet".
+const NO_REPLY: usize = usize::MAX;
+
+/// A delegated count, the first field of an object's descriptor.  After the
+/// object is created (count 1), only its counting thread touches `count`.
+#[repr(C, align(16))]
+pub struct DCount {
+    count: Cell<usize>,
+    /// Frees the object; called by the counting thread at count zero.
+    release: unsafe fn(*const u8),
+}
+
+impl core::fmt::Debug for DCount {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("DCount { .. }")
+    }
+}
+
+impl DCount {
+    /// A count of 1; `release` frees the object it heads.
+    pub fn new(release: unsafe fn(*const u8)) -> Self {
+        DCount {
+            count: Cell::new(1),
+            release,
+        }
+    }
+}
+
+/// One sender's lane to one counting thread.
+#[derive(Debug)]
+pub(crate) struct Lane {
+    ring: Ring,
+    /// Set by the sender after its last publication; the counter then drops the lane.
+    closed: AtomicBool,
+}
+
+/// The counter's view of a lane.
+#[derive(Debug)]
+struct Inbound {
+    lane: Arc<Lane>,
+    /// Increments before this position have been applied.
+    inc_done: usize,
+    /// Tail read in the first step of the current round.
+    round_tail: usize,
+}
+
+/// Pending-operation trace: (nanoseconds since the domain started, operations
+/// published to the counter but not yet applied).
+pub type TraceSample = (u64, u64);
+
+/// One counting thread's state.
+#[derive(Debug)]
+pub struct Counter {
+    /// Lanes registered since the counter last looked (written by senders).
+    new_lanes: Mutex<Vec<Arc<Lane>>>,
+    generation: AtomicUsize,
+    /// The counter's own list of lanes (counting thread only).
+    lanes: Cell<Vec<Inbound>>,
+    seen_generation: Cell<usize>,
+    /// Operations applied (written by the counting thread only).
+    pub(crate) applied: AtomicU64,
+    /// Words published and not consumed when the last round began.
+    pub(crate) backlog: AtomicU64,
+    /// Objects freed by this counter.
+    pub(crate) released: AtomicU64,
+    /// The counting thread is about to park or parked.
+    pub(crate) sleeping: AtomicBool,
+    /// Set by an asker after publishing a query: the counting thread, which
+    /// otherwise polls the lanes only every few microseconds (so that
+    /// mutators' stores to their lanes rarely meet its reads), starts a
+    /// round at once.  On its own cache line: written rarely, read often.
+    pub(crate) poke: canopy_sync::CachePadded<AtomicBool>,
+    /// Record `trace` samples.
+    #[cfg_attr(canopy_loom, allow(dead_code))]
+    pub(crate) tracing: AtomicBool,
+    #[cfg_attr(canopy_loom, allow(dead_code))]
+    pub(crate) trace: Mutex<Vec<TraceSample>>,
+}
+
+// SAFETY: the `Cell` fields are touched only by the counting thread (the one
+// calling `drain`, see its contract); the rest is atomics and mutexes.
+unsafe impl Sync for Counter {}
+// SAFETY: as above; a Counter owns only Arcs and plain data.
+unsafe impl Send for Counter {}
+
+impl Counter {
+    fn new() -> Self {
+        Counter {
+            new_lanes: Mutex::new(Vec::new()),
+            generation: AtomicUsize::new(0),
+            lanes: Cell::new(Vec::new()),
+            seen_generation: Cell::new(0),
+            applied: AtomicU64::new(0),
+            backlog: AtomicU64::new(0),
+            released: AtomicU64::new(0),
+            sleeping: AtomicBool::new(false),
+            poke: canopy_sync::CachePadded::new(AtomicBool::new(false)),
+            tracing: AtomicBool::new(false),
+            trace: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn register(&self, lane: Arc<Lane>) {
+        lock(&self.new_lanes).push(lane);
+        // Release: pairs with the Acquire in `drain`, which then takes the lock.
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// One round: apply every operation published now (increments first,
+    /// see the module notes); returns how many operations were applied.
+    ///
+    /// # Safety
+    /// Only one thread, the counting thread, ever calls this on a counter.
+    pub unsafe fn drain(&self) -> usize {
+        let gen = self.generation.load(Ordering::Acquire);
+        // SAFETY (cells, here and below): counting thread only (contract).
+        if self.seen_generation.with(|g| unsafe { *g }) != gen {
+            let fresh = core::mem::take(&mut *lock(&self.new_lanes));
+            self.lanes.with_mut(|l| unsafe {
+                for lane in fresh {
+                    let h = lane.ring.head();
+                    (*l).push(Inbound {
+                        lane,
+                        inc_done: h,
+                        round_tail: h,
+                    });
+                }
+            });
+            self.seen_generation.with_mut(|g| unsafe { *g = gen });
+        }
+        let mut applied = 0usize;
+        let mut freed = 0u64;
+        let mut backlog = 0u64;
+        // SAFETY: counting thread only; `apply_*` may run `release`, which
+        // may send through this thread's own non-blocking sender but never
+        // touches this counter's lane list.
+        self.lanes.with_mut(|lanes| unsafe {
+            let lanes = &mut *lanes;
+            // Step 1: the extent of this round's decrements and queries.
+            // (Closed is read first: a lane seen closed here has published
+            // everything by the tail read after it.)
+            let mut closed = Vec::new();
+            for (i, ib) in lanes.iter_mut().enumerate() {
+                if ib.lane.closed.load(Ordering::Acquire) {
+                    closed.push(i);
+                }
+                ib.round_tail = ib.lane.ring.tail();
+                backlog += ib.round_tail.wrapping_sub(ib.lane.ring.head()) as u64;
+            }
+            // Step 2: every increment published up to a tail read now.
+            for ib in lanes.iter_mut() {
+                let t = ib.lane.ring.tail();
+                let mut p = ib.inc_done;
+                while p != t {
+                    let w = ib.lane.ring.read(p);
+                    match w & OP_MASK {
+                        OP_INC => {
+                            inc(w);
+                            applied += 1;
+                        }
+                        OP_QUERY => p = p.wrapping_add(1),
+                        _ => {}
+                    }
+                    p = p.wrapping_add(1);
+                }
+                ib.inc_done = t;
+            }
+            // Step 3: decrements in lane order; queries are answered after
+            // every decrement of the round (an asker's own operations all
+            // precede its query; the others' only make the answer closer to
+            // the truth, and its own reference keeps the object alive).
+            let mut queries: Vec<(usize, usize)> = Vec::new();
+            for ib in lanes.iter_mut() {
+                let mut p = ib.lane.ring.head();
+                let t = ib.round_tail;
+                while p != t {
+                    let w = ib.lane.ring.read(p);
+                    match w & OP_MASK {
+                        OP_INC => {}
+                        OP_DEC => {
+                            if dec(w) {
+                                freed += 1;
+                            }
+                            applied += 1;
+                        }
+                        OP_QUERY => {
+                            p = p.wrapping_add(1);
+                            queries.push((w, ib.lane.ring.read(p)));
+                            applied += 1;
+                        }
+                        _ => unreachable!("delegated count: bad message {w:#x}"),
+                    }
+                    p = p.wrapping_add(1);
+                }
+                ib.lane.ring.set_head(t);
+            }
+            for (w, reply) in queries {
+                answer(w, reply);
+            }
+            // Drop lanes whose sender is gone and that are fully consumed.
+            for &i in closed.iter().rev() {
+                let ib = &lanes[i];
+                if ib.lane.ring.tail() == ib.round_tail {
+                    lanes.swap_remove(i);
+                }
+            }
+        });
+        if freed > 0 {
+            self.released.fetch_add(freed, Ordering::Relaxed);
+        }
+        self.backlog.store(backlog, Ordering::Relaxed);
+        if applied > 0 {
+            let total = self.applied.load(Ordering::Relaxed) + applied as u64;
+            self.applied.store(total, Ordering::Release);
+        }
+        applied
+    }
+
+    /// Words published to this counter and not consumed when its last round
+    /// began (the pending operations; a query counts two words).
+    pub fn backlog(&self) -> u64 {
+        self.backlog.load(Ordering::Relaxed)
+    }
+
+    /// Whether some lane has published words not consumed (counting thread
+    /// only, best effort).
+    #[cfg_attr(canopy_loom, allow(dead_code))]
+    pub(crate) fn has_work(&self) -> bool {
+        // SAFETY (cells): counting thread only.
+        self.generation.load(Ordering::Acquire) != self.seen_generation.with(|g| unsafe { *g })
+            || self.lanes.with(|l| unsafe {
+                (*l).iter()
+                    .any(|x| x.lane.ring.tail() != x.lane.ring.head())
+            })
+    }
+}
+
+/// # Safety
+/// Counting thread of the object named by `w`, which is live (its sender
+/// held a reference when it issued the message).
+unsafe fn inc(w: usize) {
+    let c = (w & !OP_MASK) as *const DCount;
+    // SAFETY: see contract.
+    unsafe {
+        (*c).count.with_mut(|n| {
+            debug_assert!(*n > 0, "delegated count: increment of a dead object {c:p}");
+            *n += 1;
+        })
+    }
+}
+
+/// Returns whether the object was released.
+///
+/// # Safety
+/// As for `inc`.
+unsafe fn dec(w: usize) -> bool {
+    let c = (w & !OP_MASK) as *const DCount;
+    // SAFETY: see contract.
+    unsafe {
+        let last = (*c).count.with_mut(|n| {
+            debug_assert!(*n > 0, "delegated count: decrement below zero of {c:p}");
+            *n -= 1;
+            *n == 0
+        });
+        if last {
+            // The count reached zero: no reference is left, and no message
+            // about the object can follow.
+            ((*c).release)(c as *const u8);
+        }
+        last
+    }
+}
+
+/// # Safety
+/// As for `inc`; `reply` is the asker's reply slot, live until answered.
+unsafe fn answer(w: usize, reply: usize) {
+    let c = (w & !OP_MASK) as *const DCount;
+    // SAFETY: see contract.
+    unsafe {
+        let n = (*c).count.with(|n| *n);
+        // Release: pairs with the Acquire in `Sender::getrc`; every decrement
+        // applied so far (and the uses before it) happens before the asker
+        // acts on the answer.  The slot lives on the asker's stack until it
+        // sees the answer; nothing here touches it afterwards.
+        (*(reply as *const AtomicUsize)).store(n, Ordering::Release);
+    }
+}
+
+/// A set of counting threads and the fixed mapping of objects to them.
+#[derive(Debug)]
+pub struct Domain {
+    /// The counting threads' states, indexed by [`Domain::counter_of`].
+    pub counters: Vec<Arc<Counter>>,
+    /// Wakes a parked counting thread (unused under loom).
+    #[cfg_attr(canopy_loom, allow(dead_code))]
+    waker: Mutex<Vec<Option<Waker>>>,
+}
+
+#[cfg(not(canopy_loom))]
+type Waker = std::thread::Thread;
+#[cfg(canopy_loom)]
+type Waker = ();
+
+impl Domain {
+    /// A domain of `n` counting threads (at least 1).  The threads are not
+    /// started here: the caller runs `Counter::drain` on each counter.
+    pub fn new(n: usize) -> Self {
+        let n = n.max(1);
+        Domain {
+            counters: (0..n).map(|_| Arc::new(Counter::new())).collect(),
+            waker: Mutex::new((0..n).map(|_| None).collect()),
+        }
+    }
+
+    /// The counting thread of the object at `addr` (a fixed function of the
+    /// address).
+    #[inline(always)]
+    pub fn counter_of(&self, addr: usize) -> usize {
+        let n = self.counters.len();
+        if n == 1 {
+            0
+        } else {
+            let h = ((addr as u64) >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+            (h % n as u64) as usize
+        }
+    }
+
+    #[cfg(not(canopy_loom))]
+    pub(crate) fn set_waker(&self, i: usize, w: Waker) {
+        lock(&self.waker)[i] = Some(w);
+    }
+
+    /// Wake counter `i` if it is parked.
+    #[inline]
+    fn wake(&self, i: usize) {
+        // SeqCst fence: pairs with the SeqCst store of `sleeping` and the
+        // fence in the counting thread's park path (Dekker): either the
+        // counter sees our words when it re-checks, or we see it sleeping.
+        fence(Ordering::SeqCst);
+        if self.counters[i].sleeping.load(Ordering::Relaxed) {
+            #[cfg(not(canopy_loom))]
+            if let Some(t) = lock(&self.waker)[i].as_ref() {
+                t.unpark();
+            }
+        }
+    }
+}
+
+/// A thread's sending side: one lane per counting thread.
+pub struct Sender {
+    domain: Arc<Domain>,
+    lanes: Vec<Arc<Lane>>,
+    /// Non-blocking senders only: words waiting for room, per lane.
+    overflow: Vec<VecDeque<usize>>,
+    /// Mutators wait on a full lane; counting threads never do.
+    blocking: bool,
+}
+
+impl core::fmt::Debug for Sender {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Sender")
+            .field("lanes", &self.lanes.len())
+            .field("blocking", &self.blocking)
+            .finish()
+    }
+}
+
+impl Sender {
+    /// Register a lane with every counting thread of `domain`.
+    pub fn new(domain: Arc<Domain>, blocking: bool) -> Self {
+        let lanes: Vec<Arc<Lane>> = domain
+            .counters
+            .iter()
+            .map(|c| {
+                let lane = Arc::new(Lane {
+                    ring: Ring::new(LANE_WORDS),
+                    closed: AtomicBool::new(false),
+                });
+                c.register(lane.clone());
+                lane
+            })
+            .collect();
+        let overflow = lanes.iter().map(|_| VecDeque::new()).collect();
+        Sender {
+            domain,
+            lanes,
+            overflow,
+            blocking,
+        }
+    }
+
+    /// Asynchronous increment of the object at `obj` (published at once).
+    #[inline(always)]
+    pub fn inc(&mut self, obj: *const DCount) {
+        debug_assert!(
+            self.blocking,
+            "a counting thread must not clone a delegated array"
+        );
+        let c = self.domain.counter_of(obj as usize);
+        self.put(c, obj as usize | OP_INC, 1);
+        self.lanes[c].ring.publish();
+    }
+
+    /// Asynchronous decrement of the object at `obj`; the counting thread
+    /// frees it if the count reaches zero.  Published with the lane's next
+    /// increment, query or flush, or after [`PUBLISH_EVERY`] words.
+    #[inline(always)]
+    pub fn dec(&mut self, obj: *const DCount) {
+        let c = self.domain.counter_of(obj as usize);
+        self.put(c, obj as usize | OP_DEC, 1);
+        if self.lanes[c].ring.unpublished() >= PUBLISH_EVERY {
+            self.lanes[c].ring.publish();
+        }
+    }
+
+    /// Write a word (the first of `n` to come) into lane `c`.
+    #[inline(always)]
+    fn put(&mut self, c: usize, w: usize, n: usize) {
+        if self.blocking {
+            if !self.lanes[c].ring.has_room(n) {
+                self.wait_room(c, n);
+            }
+            self.lanes[c].ring.write(w);
+        } else {
+            self.put_nonblocking(c, w);
+        }
+    }
+
+    /// Lane `c` is full: publish, wake the counter, wait for room.
+    #[cold]
+    #[inline(never)]
+    fn wait_room(&mut self, c: usize, n: usize) {
+        let ring = &self.lanes[c].ring;
+        ring.publish();
+        let mut spins = 0u32;
+        while !ring.has_room(n) {
+            self.domain.wake(c);
+            spins += 1;
+            if spins < 64 {
+                spin_hint();
+            } else {
+                yield_now();
+            }
+        }
+    }
+
+    #[cold]
+    fn put_nonblocking(&mut self, c: usize, w: usize) {
+        self.overflow[c].push_back(w);
+        self.retry_lane(c);
+    }
+
+    fn retry_lane(&mut self, c: usize) {
+        let ring = &self.lanes[c].ring;
+        let q = &mut self.overflow[c];
+        while let Some(&w) = q.front() {
+            if !ring.has_room(1) {
+                break;
+            }
+            ring.write(w);
+            q.pop_front();
+        }
+        ring.publish();
+    }
+
+    /// Non-blocking senders: move words left in overflow into their lanes.
+    pub fn retry(&mut self) {
+        for c in 0..self.lanes.len() {
+            if !self.overflow[c].is_empty() {
+                self.retry_lane(c);
+            }
+        }
+    }
+
+    /// Publish every written word (a mutator at a synchronisation point, or
+    /// before its thread ends) and wake counting threads that sleep.
+    pub fn flush(&mut self) {
+        for c in 0..self.lanes.len() {
+            if self.lanes[c].ring.unpublished() > 0 {
+                self.lanes[c].ring.publish();
+                self.domain.wake(c);
+            }
+        }
+    }
+
+    /// Synchronous count read: the count of `obj` after every operation this
+    /// sender issued before.  May over-report (another thread's decrement
+    /// still in flight), never under-reports.
+    ///
+    /// Must not be called by a counting thread (it would wait for itself).
+    pub fn getrc(&mut self, obj: *const DCount) -> usize {
+        debug_assert!(self.blocking, "getrc from a counting thread");
+        let reply = AtomicUsize::new(NO_REPLY);
+        let c = self.domain.counter_of(obj as usize);
+        self.put(c, obj as usize | OP_QUERY, 2);
+        self.lanes[c]
+            .ring
+            .write(&reply as *const AtomicUsize as usize);
+        self.lanes[c].ring.publish();
+        self.domain.counters[c].poke.store(true, Ordering::Release);
+        self.domain.wake(c);
+        let mut spins = 0u32;
+        loop {
+            // Acquire: pairs with the Release store in `answer`.
+            let n = reply.load(Ordering::Acquire);
+            if n != NO_REPLY {
+                return n;
+            }
+            spins += 1;
+            if spins < 1 << 10 {
+                spin_hint();
+            } else {
+                self.domain.wake(c);
+                yield_now();
+            }
+        }
+    }
+}
+
+#[inline]
+fn yield_now() {
+    #[cfg(canopy_loom)]
+    loom::thread::yield_now();
+    #[cfg(not(canopy_loom))]
+    std::thread::yield_now();
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.retry();
+        self.flush();
+        // A non-blocking sender (counting thread) only ends with the process;
+        // words still in its overflow lists are lost with it.
+        for l in &self.lanes {
+            // Release: pairs with the Acquire in `Counter::drain`.
+            l.closed.store(true, Ordering::Release);
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Stress test: millions of clone/drop/getrc operations across threads on
+//! the shared policies; every array is freed exactly once, and `getrc`
+//! never says 1 while another reference is known to be alive.
+//! Not a benchmark.  `CANOPY_STRESS_SCALE` multiplies the work (default 1:
+//! about two million count operations per policy; CI runs the default).
+#![cfg(not(canopy_loom))]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use canopy_rc::{delegated, Array, Atomic, Biased, Delegated, Policy};
+
+fn scale() -> usize {
+    std::env::var("CANOPY_STRESS_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Counts its array's frees (the check after the run wants exactly one).
+struct Tracker {
+    id: usize,
+    freed: Arc<Vec<AtomicUsize>>,
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        self.freed[self.id].fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A tiny xorshift, seeded per thread.
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+fn stress<P: Policy>()
+where
+    Array<Tracker, P>: Send + Sync,
+{
+    const THREADS: usize = 3;
+    const ARRAYS: usize = 32;
+    let rounds = 48 * scale();
+    let ops = 12_000;
+    let total = ARRAYS * rounds;
+    let freed = Arc::new((0..total).map(|_| AtomicUsize::new(0)).collect::<Vec<_>>());
+    let false_unique = AtomicUsize::new(0);
+    for round in 0..rounds {
+        // The creating thread keeps its references for the whole round, so
+        // every worker's getrc must say at least 2.
+        let originals: Vec<Array<Tracker, P>> = (0..ARRAYS)
+            .map(|i| {
+                Array::from_fn(&[1], |_| Tracker {
+                    id: round * ARRAYS + i,
+                    freed: freed.clone(),
+                })
+            })
+            .collect();
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let held: Vec<Vec<Array<Tracker, P>>> =
+                    originals.iter().map(|a| vec![a.clone()]).collect();
+                let false_unique = &false_unique;
+                s.spawn(move || {
+                    let mut held = held;
+                    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((round * THREADS + t) as u64 + 1));
+                    for _ in 0..ops {
+                        let i = rng.below(ARRAYS);
+                        match rng.below(64) {
+                            0 => {
+                                let n = held[i][0].getrc();
+                                if n < 2 {
+                                    false_unique.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                            1..=32 => {
+                                let c = held[i][0].clone();
+                                held[i].push(c);
+                            }
+                            _ => {
+                                if held[i].len() > 1 {
+                                    held[i].pop();
+                                }
+                            }
+                        }
+                    }
+                    drop(held);
+                    delegated::flush();
+                });
+            }
+        });
+        drop(originals);
+        delegated::flush();
+        canopy_rc::biased::merge_pending();
+    }
+    assert_eq!(
+        false_unique.load(Ordering::Relaxed),
+        0,
+        "{}: getrc said 1 while another reference lived",
+        P::NAME
+    );
+    // Delegated frees happen on the counting threads, soon after.
+    let mut waited = 0u64;
+    loop {
+        let done = freed
+            .iter()
+            .filter(|f| f.load(Ordering::SeqCst) >= 1)
+            .count();
+        if done == total {
+            break;
+        }
+        waited += 1;
+        assert!(
+            waited < 20_000,
+            "{}: only {done} of {total} arrays freed",
+            P::NAME
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let twice = freed
+        .iter()
+        .filter(|f| f.load(Ordering::SeqCst) > 1)
+        .count();
+    assert_eq!(twice, 0, "{}: {twice} arrays freed more than once", P::NAME);
+}
+
+#[test]
+fn stress_atomic() {
+    stress::<Atomic>();
+}
+
+#[test]
+fn stress_biased() {
+    stress::<Biased>();
+}
+
+#[test]
+fn stress_delegated() {
+    stress::<Delegated>();
+}
