@@ -11,6 +11,7 @@
 //! | [`region_frag`] | random allocate/free in one region: requested bytes vs. full and partial slabs | 002 §6.2, Fig. 4a-c |
 //! | [`region_speed`] | allocate/free in a region and free a whole region, vs. malloc, bumpalo, typed-arena, slab | 002 §4.3 |
 //! | [`region_pack`] | packing a 30,000-node list and a per-level-region oct-tree into runs | 002 §4.3, §6.3 |
+//! | [`hh_suite`] | primes, msort-int64, tokens, mcss, linefit, sparse-mxv, wc, fib, nqueens: sequential vs rayon (canopy-hh to come) | 004 §5, Figs. 6, 9, 10 |
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -19,6 +20,7 @@ use crate::anchors::{Contender, Contenders};
 use crate::report::{RunRecord, Size, Written};
 use crate::runner::{self, Invocation};
 
+pub mod hh_suite;
 pub mod region;
 pub mod region_frag;
 pub mod region_pack;
