@@ -78,7 +78,8 @@ fn small_primes(limit: usize) -> Vec<usize> {
 }
 
 /// Sieve segment `s` (odd k-indices `s*SEG .. min((s+1)*SEG, m+1)`), appending
-/// its primes to `out`; `composite` is scratch of `PRIME_SEGMENT` bytes.
+/// its primes to `out` (segment 0 starts with 2); `composite` is scratch of
+/// `PRIME_SEGMENT` bytes.  Needs n >= 2.
 fn sieve_segment(s: usize, m: usize, sieving: &[usize], composite: &mut [bool], out: &mut Vec<u32>) {
     let lo = s * PRIME_SEGMENT;
     let hi = ((s + 1) * PRIME_SEGMENT).min(m + 1);
@@ -98,10 +99,11 @@ fn sieve_segment(s: usize, m: usize, sieving: &[usize], composite: &mut [bool], 
             j += p;
         }
     }
+    // k = 0 stands for 1, which is not prime; 2, the one even prime, takes its place.
     for (i, &c) in seg.iter().enumerate() {
         let k = lo + i;
-        if !c && k != 0 {
-            out.push((2 * k + 1) as u32);
+        if !c {
+            out.push(if k == 0 { 2 } else { (2 * k + 1) as u32 });
         }
     }
 }
@@ -116,7 +118,7 @@ impl Program for Primes {
         "segmented sieve of Eratosthenes: every prime up to n as a Vec<u32>; answer: count and hash of the primes"
     }
     fn params(&self, size: Size) -> Params {
-        Params::n(pick(size, 2_000_000, 30_000_000, 100_000_000))
+        Params::n(pick(size, 2_000_000, 100_000_000, 100_000_000))
     }
     fn label(&self, p: &Params) -> String {
         format!("n={}", p.n)
@@ -136,28 +138,21 @@ impl Program for Primes {
             Variant::Seq => {
                 // ~n / ln n primes; a little more room avoids the last doubling.
                 let mut out = Vec::with_capacity((n as f64 / (n as f64).ln() * 1.2) as usize + 16);
-                out.push(2);
                 let mut scratch = vec![false; PRIME_SEGMENT];
                 for s in 0..segments {
                     sieve_segment(s, m, &sieving, &mut scratch, &mut out);
                 }
                 out
             }
-            Variant::Rayon => {
-                let rest: Vec<u32> = (0..segments)
-                    .into_par_iter()
-                    .flat_map_iter(|s| {
-                        let mut scratch = vec![false; PRIME_SEGMENT];
-                        let mut out = Vec::new();
-                        sieve_segment(s, m, &sieving, &mut scratch, &mut out);
-                        out
-                    })
-                    .collect();
-                let mut out = Vec::with_capacity(rest.len() + 1);
-                out.push(2);
-                out.extend_from_slice(&rest);
-                out
-            }
+            Variant::Rayon => (0..segments)
+                .into_par_iter()
+                .flat_map_iter(|s| {
+                    let mut scratch = vec![false; PRIME_SEGMENT];
+                    let mut out = Vec::new();
+                    sieve_segment(s, m, &sieving, &mut scratch, &mut out);
+                    out
+                })
+                .collect(),
         }
     }
     fn answer(&self, out: &Vec<u32>, _input: &usize) -> Answer {
