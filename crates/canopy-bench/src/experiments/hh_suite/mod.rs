@@ -275,6 +275,17 @@ pub fn proc_status_kib(field: &str) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
+/// The 1-minute load average of the machine (other processes compete for
+/// the cores; the report shows the load during the runs).
+pub fn loadavg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// What the child subcommand is asked to do.
 #[derive(Debug, Clone)]
 pub struct ChildArgs {
@@ -309,12 +320,13 @@ pub fn child_main(a: &ChildArgs) -> Result<String> {
     })?;
     let peak = proc_status_kib("VmHWM").unwrap_or(0);
     Ok(format!(
-        "checksum={} seconds={:.6} peak_kib={} base_kib={} generate_seconds={:.3} answer={} program={} variant={} threads={}",
+        "checksum={} seconds={:.6} peak_kib={} base_kib={} generate_seconds={:.3} loadavg={} answer={} program={} variant={} threads={}",
         m.answer.checksum,
         m.seconds,
         peak,
         base_kib.unwrap_or(0),
         m.generate_seconds,
+        loadavg().map_or_else(|| "?".into(), |l| format!("{l:.2}")),
         m.answer.summary,
         a.program,
         variant.name(),
@@ -423,6 +435,8 @@ pub struct HhSummary {
     pub geomean_rss_rel_seq: Vec<(usize, Option<f64>)>,
     /// Variants not measured, and why.
     pub missing: Vec<String>,
+    /// The 1-minute load average at the end of each successful run, sorted.
+    pub load_during: Vec<f64>,
 }
 
 const MISSING_HH: &str = "canopy-hh: not measured. The canopy-hh layer (issue 5) is not implemented yet; its column \
@@ -534,7 +548,13 @@ pub fn run(common: &HhCommon, opts: &HhOptions) -> Result<Finished> {
 
     let rows = summarize_rows(&runs, &progs, &configs);
     let failures = super::failures_of(&runs);
-    let summary = summarize(rows, &progs, common.size, &threads, answers);
+    let mut summary = summarize(rows, &progs, common.size, &threads, answers);
+    summary.load_during = runs
+        .iter()
+        .filter(|r| r.ok)
+        .filter_map(|r| r.fields.get("loadavg")?.parse::<f64>().ok())
+        .collect();
+    summary.load_during.sort_by(f64::total_cmp);
     let markdown = markdown(&summary, &machine, common, reps, opts, &failures);
     let svg = crate::plot::render(&chart(&summary, &threads))
         .map_err(|e| eprintln!("warning: {e:#}"))
@@ -678,6 +698,7 @@ fn summarize(rows: Vec<Row>, progs: &[&dyn Bench], size: Size, threads: &[usize]
         programs: out,
         rows,
         missing: vec![MISSING_HH.into()],
+        load_during: Vec::new(),
     }
 }
 
@@ -696,6 +717,15 @@ fn markdown(s: &HhSummary, machine: &Machine, common: &HhCommon, reps: usize, op
         common.size.name()
     );
     md.push_str(&machine_markdown(machine));
+    if let (Some(lo), Some(hi)) = (s.load_during.first(), s.load_during.last()) {
+        let _ = write!(
+            md,
+            "Load average seen by the runs: median {:.2}, range {lo:.2}-{hi:.2} on {} CPUs (a load above the CPU count \
+             means other processes competed with the measured ones).\n",
+            stats::median(&s.load_during).unwrap_or(0.0),
+            machine.nproc
+        );
+    }
     let _ = write!(md, "\n> **Missing:** {MISSING_HH}\n");
 
     md.push_str("\n## Programs and answers\n\n");
