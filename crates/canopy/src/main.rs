@@ -12,7 +12,8 @@ use canopy_bench::anchors::{self, Contenders, Discover, ANCHORS};
 use canopy_bench::artifacts::Lookup;
 use canopy_bench::experiments::region::RegionCommon;
 use canopy_bench::experiments::{
-    hh_suite, region_frag, region_pack, region_speed, sac, sac_callgrind, workloads, Common, Finished,
+    hh_suite, region_frag, region_pack, region_speed, sac, sac_callgrind, workloads, Common,
+    Finished,
 };
 use canopy_bench::report::{self, Size};
 use clap::{Args, Parser, Subcommand};
@@ -887,7 +888,14 @@ mod tests {
         assert_eq!(a.parts, vec!["a", "c"]);
         assert_eq!((a.steps, a.size.size()), (Some(500), Size::Quick));
         let cli = Cli::try_parse_from([
-            "canopy", "bench", "hh-suite", "--quick", "--threads", "1,2", "--programs", "fib,wc",
+            "canopy",
+            "bench",
+            "hh-suite",
+            "--quick",
+            "--threads",
+            "1,2",
+            "--programs",
+            "fib,wc",
         ])
         .unwrap();
         let Cmd::Bench {
@@ -896,7 +904,14 @@ mod tests {
         else {
             panic!("not hh-suite")
         };
-        assert_eq!((h.size.size(), h.threads, h.programs), (Size::Quick, Some(vec![1, 2]), Some(vec!["fib".into(), "wc".into()])));
+        assert_eq!(
+            (h.size.size(), h.threads, h.programs),
+            (
+                Size::Quick,
+                Some(vec![1, 2]),
+                Some(vec!["fib".into(), "wc".into()])
+            )
+        );
         for e in ["region-speed", "region-pack"] {
             assert!(Cli::try_parse_from(["canopy", "bench", e, "--paper", "--runs", "2"]).is_ok());
         }

@@ -169,20 +169,30 @@ mod tests {
 
     #[test]
     fn generators_do_not_depend_on_threads() {
-        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let two = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
         let t1 = one.install(|| text(3 * TEXT_BLOCK + 17, 9));
         let t2 = two.install(|| text(3 * TEXT_BLOCK + 17, 9));
         assert_eq!(t1, t2);
         assert_eq!(t1.len(), 3 * TEXT_BLOCK + 17);
-        assert!(t1.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_whitespace()));
+        assert!(t1
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_whitespace()));
         assert_ne!(text(1000, 9), text(1000, 10));
         let (a, xa) = one.install(|| sparse(100, 5, 3));
         let (b, xb) = two.install(|| sparse(100, 5, 3));
         assert_eq!((a.cols, a.vals, xa), (b.cols, b.vals, xb));
         assert!(a.offsets.len() == 101 && a.offsets[100] == 500);
         let p = line_points(1000, 1);
-        assert!(p.iter().all(|&(x, y)| (0..65536).contains(&x) && (y - 3 * x - 12_345).abs() <= 1000));
+        assert!(p
+            .iter()
+            .all(|&(x, y)| (0..65536).contains(&x) && (y - 3 * x - 12_345).abs() <= 1000));
         assert!(small_i64(1000, 1).iter().all(|v| (-1000..1000).contains(v)));
     }
 }

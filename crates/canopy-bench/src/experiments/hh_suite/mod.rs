@@ -49,7 +49,9 @@ use serde_json::json;
 use super::{failures_markdown, machine_markdown, Finished};
 use crate::anchors::Contender;
 use crate::plot::{BarChart, Group, Panel};
-use crate::report::{self, fmt_kib, fmt_ratio, fmt_seconds, Machine, Report, RunRecord, Size, Table};
+use crate::report::{
+    self, fmt_kib, fmt_ratio, fmt_seconds, Machine, Report, RunRecord, Size, Table,
+};
 use crate::runner::Invocation;
 use crate::stats;
 
@@ -470,7 +472,10 @@ pub fn run(common: &HhCommon, opts: &HhOptions) -> Result<Finished> {
     let mut threads = opts.threads.clone();
     threads.sort_unstable();
     threads.dedup();
-    let reps = common.runs.unwrap_or_else(|| common.size.default_runs()).max(1);
+    let reps = common
+        .runs
+        .unwrap_or_else(|| common.size.default_runs())
+        .max(1);
     let machine = Machine::describe();
     let glibc = Contender::glibc();
     let mut configs: Vec<(Variant, usize)> = vec![(Variant::Seq, 1)];
@@ -516,7 +521,14 @@ pub fn run(common: &HhCommon, opts: &HhOptions) -> Result<Finished> {
                 };
                 let mut rec = super::measure(&inv, &config_label(prog.name()), &vl, &glibc, rep);
                 rec.fields.insert("input".into(), label.clone());
-                judge(&mut rec, &mut reference, prog.name(), &vl, &label, opts.seed);
+                judge(
+                    &mut rec,
+                    &mut reference,
+                    prog.name(),
+                    &vl,
+                    &label,
+                    opts.seed,
+                );
                 runs.push(rec);
                 bar.inc(1);
             }
@@ -526,7 +538,14 @@ pub fn run(common: &HhCommon, opts: &HhOptions) -> Result<Finished> {
             for r in &mut runs[first..] {
                 if r.ok && r.checksum != Some(*c) {
                     let v = r.variant.clone();
-                    judge(r, &mut reference.clone(), prog.name(), &v, &label, opts.seed);
+                    judge(
+                        r,
+                        &mut reference.clone(),
+                        prog.name(),
+                        &v,
+                        &label,
+                        opts.seed,
+                    );
                 }
             }
         } else {
@@ -589,14 +608,24 @@ pub fn run(common: &HhCommon, opts: &HhOptions) -> Result<Finished> {
 
 /// Check a run's answer against the sequential baseline's; the first
 /// successful `seq` run sets the reference.
-fn judge(rec: &mut RunRecord, reference: &mut Option<(u64, String)>, prog: &str, variant: &str, input: &str, seed: u64) {
+fn judge(
+    rec: &mut RunRecord,
+    reference: &mut Option<(u64, String)>,
+    prog: &str,
+    variant: &str,
+    input: &str,
+    seed: u64,
+) {
     if !rec.ok {
         if let Some(e) = &mut rec.error {
             *e = format!("{prog}: {variant} on {input} (seed {seed}): {e}");
         }
         return;
     }
-    let (Some(c), answer) = (rec.checksum, rec.fields.get("answer").cloned().unwrap_or_default()) else {
+    let (Some(c), answer) = (
+        rec.checksum,
+        rec.fields.get("answer").cloned().unwrap_or_default(),
+    ) else {
         return;
     };
     match reference {
@@ -615,7 +644,11 @@ fn judge(rec: &mut RunRecord, reference: &mut Option<(u64, String)>, prog: &str,
     }
 }
 
-fn summarize_rows(runs: &[RunRecord], progs: &[&dyn Bench], configs: &[(Variant, usize)]) -> Vec<Row> {
+fn summarize_rows(
+    runs: &[RunRecord],
+    progs: &[&dyn Bench],
+    configs: &[(Variant, usize)],
+) -> Vec<Row> {
     let mut rows = Vec::new();
     for prog in progs {
         for &(v, t) in configs {
@@ -656,7 +689,13 @@ fn kib(k: Option<u64>) -> Option<f64> {
     k.map(|k| k as f64)
 }
 
-fn summarize(rows: Vec<Row>, progs: &[&dyn Bench], size: Size, threads: &[usize], answers: Vec<Option<String>>) -> HhSummary {
+fn summarize(
+    rows: Vec<Row>,
+    progs: &[&dyn Bench],
+    size: Size,
+    threads: &[usize],
+    answers: Vec<Option<String>>,
+) -> HhSummary {
     let mut out = Vec::new();
     for (prog, answer) in progs.iter().zip(answers) {
         let name = prog.name();
@@ -664,7 +703,8 @@ fn summarize(rows: Vec<Row>, progs: &[&dyn Bench], size: Size, threads: &[usize]
         let t_seq = seq.and_then(|r| r.median_seconds);
         let r_seq = kib(seq.and_then(|r| r.median_peak_kib));
         let tp = |t: usize| find(&rows, name, Variant::Rayon, t).and_then(|r| r.median_seconds);
-        let rp = |t: usize| kib(find(&rows, name, Variant::Rayon, t).and_then(|r| r.median_peak_kib));
+        let rp =
+            |t: usize| kib(find(&rows, name, Variant::Rayon, t).and_then(|r| r.median_peak_kib));
         let p = prog.params(size);
         out.push(ProgramSummary {
             program: name.into(),
@@ -672,14 +712,20 @@ fn summarize(rows: Vec<Row>, progs: &[&dyn Bench], size: Size, threads: &[usize]
             params: p,
             answer,
             t_seq,
-            rel_seq: threads.iter().map(|&t| (t, stats::ratio(tp(t), t_seq))).collect(),
+            rel_seq: threads
+                .iter()
+                .map(|&t| (t, stats::ratio(tp(t), t_seq)))
+                .collect(),
             speedup_1_to_2: if threads.contains(&1) && threads.contains(&2) {
                 stats::ratio(tp(1), tp(2))
             } else {
                 None
             },
             speedup_vs_seq_max: threads.last().and_then(|&t| stats::ratio(t_seq, tp(t))),
-            rss_rel_seq: threads.iter().map(|&t| (t, stats::ratio(rp(t), r_seq))).collect(),
+            rss_rel_seq: threads
+                .iter()
+                .map(|&t| (t, stats::ratio(rp(t), r_seq)))
+                .collect(),
         });
     }
     let geo = |f: &dyn Fn(&ProgramSummary) -> Option<f64>| {
@@ -692,9 +738,15 @@ fn summarize(rows: Vec<Row>, progs: &[&dyn Bench], size: Size, threads: &[usize]
     };
     let pick = |v: &[(usize, Option<f64>)], t: usize| v.iter().find(|x| x.0 == t).and_then(|x| x.1);
     HhSummary {
-        geomean_rel_seq: threads.iter().map(|&t| (t, geo(&|s| pick(&s.rel_seq, t)))).collect(),
+        geomean_rel_seq: threads
+            .iter()
+            .map(|&t| (t, geo(&|s| pick(&s.rel_seq, t))))
+            .collect(),
         geomean_speedup_1_to_2: geo(&|s| s.speedup_1_to_2),
-        geomean_rss_rel_seq: threads.iter().map(|&t| (t, geo(&|s| pick(&s.rss_rel_seq, t)))).collect(),
+        geomean_rss_rel_seq: threads
+            .iter()
+            .map(|&t| (t, geo(&|s| pick(&s.rss_rel_seq, t))))
+            .collect(),
         programs: out,
         rows,
         missing: vec![MISSING_HH.into()],
@@ -702,7 +754,14 @@ fn summarize(rows: Vec<Row>, progs: &[&dyn Bench], size: Size, threads: &[usize]
     }
 }
 
-fn markdown(s: &HhSummary, machine: &Machine, common: &HhCommon, reps: usize, opts: &HhOptions, failures: &[String]) -> String {
+fn markdown(
+    s: &HhSummary,
+    machine: &Machine,
+    common: &HhCommon,
+    reps: usize,
+    opts: &HhOptions,
+    failures: &[String],
+) -> String {
     let mut md = String::new();
     let _ = write!(
         md,
@@ -741,7 +800,9 @@ fn markdown(s: &HhSummary, machine: &Machine, common: &HhCommon, reps: usize, op
     md.push_str(&tb.render());
 
     let threads: Vec<usize> = s.geomean_rel_seq.iter().map(|x| x.0).collect();
-    md.push_str("\n## Time against the sequential baseline (lower is better; paper Fig. 6 T_1/T_s)\n\n");
+    md.push_str(
+        "\n## Time against the sequential baseline (lower is better; paper Fig. 6 T_1/T_s)\n\n",
+    );
     let mut head = vec!["program".to_string(), "T_s".into()];
     for &t in &threads {
         head.push(format!("T_{t}"));
@@ -766,12 +827,18 @@ fn markdown(s: &HhSummary, machine: &Machine, common: &HhCommon, reps: usize, op
     }
     let mut row = vec!["**geomean**".to_string(), String::new()];
     row.extend(threads.iter().map(|_| String::new()));
-    row.extend(s.geomean_rel_seq.iter().map(|&(_, g)| format!("**{}**", fmt_ratio(g))));
+    row.extend(
+        s.geomean_rel_seq
+            .iter()
+            .map(|&(_, g)| format!("**{}**", fmt_ratio(g))),
+    );
     row.push(format!("**{}**", fmt_ratio(s.geomean_speedup_1_to_2)));
     tb.row(row);
     md.push_str(&tb.render());
 
-    md.push_str("\n## Peak RSS against the sequential baseline (lower is better; paper Fig. 6 R_p/R_s)\n\n");
+    md.push_str(
+        "\n## Peak RSS against the sequential baseline (lower is better; paper Fig. 6 R_p/R_s)\n\n",
+    );
     md.push_str("`before` is the RSS just before the timed run (input, thread pool, warm-up leftovers).\n\n");
     let mut head = vec!["program".to_string(), "R_s".into(), "before (seq)".into()];
     for &t in &threads {
@@ -800,7 +867,11 @@ fn markdown(s: &HhSummary, machine: &Machine, common: &HhCommon, reps: usize, op
     }
     let mut row = vec!["**geomean**".to_string(), String::new(), String::new()];
     row.extend(threads.iter().map(|_| String::new()));
-    row.extend(s.geomean_rss_rel_seq.iter().map(|&(_, g)| format!("**{}**", fmt_ratio(g))));
+    row.extend(
+        s.geomean_rss_rel_seq
+            .iter()
+            .map(|&(_, g)| format!("**{}**", fmt_ratio(g))),
+    );
     tb.row(row);
     md.push_str(&tb.render());
 
@@ -836,7 +907,9 @@ fn chart(s: &HhSummary, threads: &[usize]) -> BarChart {
             .collect(),
     };
     BarChart {
-        title: "hh-suite: rayon against the sequential baseline (1 = seq; canopy-hh not yet measured)".into(),
+        title:
+            "hh-suite: rayon against the sequential baseline (1 = seq; canopy-hh not yet measured)"
+                .into(),
         y_label: "ratio to seq".into(),
         series,
         panels: vec![
@@ -859,8 +932,15 @@ mod tests {
             let p = prog.params(Size::Quick);
             let seq = prog.measure(Variant::Seq, 1, &p, 7, 0, &mut || {}).unwrap();
             for threads in [1, 2] {
-                let par = prog.measure(Variant::Rayon, threads, &p, 7, 1, &mut || {}).unwrap();
-                assert_eq!(par.answer, seq.answer, "{} on {threads} threads", prog.name());
+                let par = prog
+                    .measure(Variant::Rayon, threads, &p, 7, 1, &mut || {})
+                    .unwrap();
+                assert_eq!(
+                    par.answer,
+                    seq.answer,
+                    "{} on {threads} threads",
+                    prog.name()
+                );
             }
             assert!(seq.seconds >= 0.0);
         }
@@ -915,7 +995,9 @@ mod tests {
             ru_maxrss_kib: Some(kib),
             wall_seconds: secs,
             instructions: None,
-            fields: [("answer".to_string(), format!("x:{checksum}"))].into_iter().collect(),
+            fields: [("answer".to_string(), format!("x:{checksum}"))]
+                .into_iter()
+                .collect(),
             exit: None,
             command: "canopy bench hh-suite-child".into(),
             error: None,
@@ -935,7 +1017,12 @@ mod tests {
         judge(&mut bad, &mut reference, "fib", "rayon-2T", "fib(30)", 3);
         assert!(!bad.ok);
         let e = bad.error.unwrap();
-        assert!(e.contains("fib") && e.contains("rayon-2T") && e.contains("fib(30)") && e.contains("checksum=6"));
+        assert!(
+            e.contains("fib")
+                && e.contains("rayon-2T")
+                && e.contains("fib(30)")
+                && e.contains("checksum=6")
+        );
     }
 
     #[test]
@@ -954,12 +1041,24 @@ mod tests {
             runs.push(failed);
         }
         let rows = summarize_rows(&runs, &progs, &configs);
-        let r2 = rows.iter().find(|r| r.program == "wc" && r.variant == "rayon" && r.threads == 2).unwrap();
-        assert_eq!((r2.ok_runs, r2.failed_runs, r2.median_seconds), (3, 1, Some(2.5)));
+        let r2 = rows
+            .iter()
+            .find(|r| r.program == "wc" && r.variant == "rayon" && r.threads == 2)
+            .unwrap();
+        assert_eq!(
+            (r2.ok_runs, r2.failed_runs, r2.median_seconds),
+            (3, 1, Some(2.5))
+        );
         let s = summarize(rows, &progs, Size::Quick, &[1, 2], vec![None, None]);
-        assert_eq!(s.programs[1].rel_seq, vec![(1, Some(1.25)), (2, Some(0.625))]);
+        assert_eq!(
+            s.programs[1].rel_seq,
+            vec![(1, Some(1.25)), (2, Some(0.625))]
+        );
         assert_eq!(s.programs[0].speedup_1_to_2, Some(2.0));
-        assert_eq!(s.programs[0].rss_rel_seq, vec![(1, Some(2.0)), (2, Some(4.0))]);
+        assert_eq!(
+            s.programs[0].rss_rel_seq,
+            vec![(1, Some(2.0)), (2, Some(4.0))]
+        );
         let g = s.geomean_rel_seq[0].1.unwrap();
         assert!((g - 1.25).abs() < 1e-12);
         assert!((s.geomean_speedup_1_to_2.unwrap() - 2.0).abs() < 1e-12);
@@ -971,7 +1070,11 @@ mod tests {
     #[test]
     fn every_program_has_sizes_that_grow() {
         for prog in programs() {
-            let (q, d, p) = (prog.params(Size::Quick), prog.params(Size::Default), prog.params(Size::Paper));
+            let (q, d, p) = (
+                prog.params(Size::Quick),
+                prog.params(Size::Default),
+                prog.params(Size::Paper),
+            );
             assert!(q.n <= d.n && d.n <= p.n, "{}", prog.name());
             assert!(!prog.label(&q).is_empty() && !prog.about().is_empty());
         }

@@ -25,7 +25,9 @@ impl Hasher {
     /// Mix in one word.
     #[inline(always)]
     pub fn add(&mut self, x: u64) {
-        self.0 = (self.0 ^ x).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(29);
+        self.0 = (self.0 ^ x)
+            .wrapping_mul(0x0000_0100_0000_01b3)
+            .rotate_left(29);
     }
 
     /// The hash so far.
@@ -80,7 +82,13 @@ fn small_primes(limit: usize) -> Vec<usize> {
 /// Sieve segment `s` (odd k-indices `s*SEG .. min((s+1)*SEG, m+1)`), appending
 /// its primes to `out` (segment 0 starts with 2); `composite` is scratch of
 /// `PRIME_SEGMENT` bytes.  Needs n >= 2.
-fn sieve_segment(s: usize, m: usize, sieving: &[usize], composite: &mut [bool], out: &mut Vec<u32>) {
+fn sieve_segment(
+    s: usize,
+    m: usize,
+    sieving: &[usize],
+    composite: &mut [bool],
+    out: &mut Vec<u32>,
+) {
     let lo = s * PRIME_SEGMENT;
     let hi = ((s + 1) * PRIME_SEGMENT).min(m + 1);
     let seg = &mut composite[..hi - lo];
@@ -158,7 +166,11 @@ impl Program for Primes {
     fn answer(&self, out: &Vec<u32>, _input: &usize) -> Answer {
         Answer {
             checksum: hash_all(out.iter().map(|&p| u64::from(p))),
-            summary: format!("count:{},last:{}", out.len(), out.last().copied().unwrap_or(0)),
+            summary: format!(
+                "count:{},last:{}",
+                out.len(),
+                out.last().copied().unwrap_or(0)
+            ),
         }
     }
 }
@@ -203,7 +215,12 @@ impl Program for Msort {
     fn answer(&self, out: &Vec<i64>, _input: &Vec<i64>) -> Answer {
         Answer {
             checksum: hash_all(out.iter().map(|&x| x as u64)),
-            summary: format!("len:{},min:{},max:{}", out.len(), out.first().copied().unwrap_or(0), out.last().copied().unwrap_or(0)),
+            summary: format!(
+                "len:{},min:{},max:{}",
+                out.len(),
+                out.first().copied().unwrap_or(0),
+                out.last().copied().unwrap_or(0)
+            ),
         }
     }
 }
@@ -215,7 +232,10 @@ pub struct Tokens;
 
 fn offsets_hash(text: &str, toks: &[&str]) -> u64 {
     let base = text.as_ptr() as usize;
-    hash_all(toks.iter().map(|t| (((t.as_ptr() as usize - base) as u64) << 8) ^ t.len() as u64))
+    hash_all(
+        toks.iter()
+            .map(|t| (((t.as_ptr() as usize - base) as u64) << 8) ^ t.len() as u64),
+    )
 }
 
 impl Program for Tokens {
@@ -327,12 +347,11 @@ impl Program for Mcss {
                 }
                 best
             }
-            Variant::Rayon => {
-                xs.par_chunks(LEAF)
-                    .map(McssSummary::of)
-                    .reduce_with(McssSummary::join)
-                    .map_or(0, |s| s.best)
-            }
+            Variant::Rayon => xs
+                .par_chunks(LEAF)
+                .map(McssSummary::of)
+                .reduce_with(McssSummary::join)
+                .map_or(0, |s| s.best),
         }
     }
     fn answer(&self, out: &i64, _input: &Vec<i64>) -> Answer {
@@ -683,7 +702,9 @@ mod tests {
         assert_eq!(primes.last(), Some(&97));
         for n in [0usize, 1, 2, 3, 9, 10, 131_072 * 2 + 5, 1_000_000] {
             let s = Primes.run(Variant::Seq, &n);
-            let naive: Vec<u32> = (2..=n as u32).filter(|&k| (2..k).take_while(|d| d * d <= k).all(|d| k % d != 0)).collect();
+            let naive: Vec<u32> = (2..=n as u32)
+                .filter(|&k| (2..k).take_while(|d| d * d <= k).all(|d| k % d != 0))
+                .collect();
             if n <= 300_000 {
                 assert_eq!(s, naive, "n={n}");
             }
@@ -693,7 +714,10 @@ mod tests {
         assert_eq!(fib_seq(30), 832_040);
         assert_eq!(Nqueens.run(Variant::Seq, &(8, 2)), 92);
         assert_eq!(Nqueens.run(Variant::Rayon, &(10, 3)), 724);
-        assert_eq!(Mcss.run(Variant::Seq, &vec![-2, 1, -3, 4, -1, 2, 1, -5, 4]), 6);
+        assert_eq!(
+            Mcss.run(Variant::Seq, &vec![-2, 1, -3, 4, -1, 2, 1, -5, 4]),
+            6
+        );
         assert_eq!(Mcss.run(Variant::Rayon, &vec![-5, -3, -9]), -3);
         let (s, i) = Linefit.run(Variant::Seq, &vec![(0, 1), (1, 3), (2, 5)]);
         assert!((s - 2.0).abs() < 1e-12 && (i - 1.0).abs() < 1e-12);
