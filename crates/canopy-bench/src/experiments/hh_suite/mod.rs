@@ -1067,6 +1067,59 @@ mod tests {
         assert!(svg.contains("<svg"));
     }
 
+    /// The harness end to end, with a shell script standing in for the
+    /// child: it answers correctly except rayon on 2 threads, which must be
+    /// reported as a failure naming program, variant and input.
+    #[test]
+    fn harness_runs_children_and_reports_wrong_answers() {
+        let dir =
+            crate::artifacts::ScratchDir::new(&std::env::temp_dir(), "hh-suite-test").unwrap();
+        // Arguments: --program P --variant V --threads T ...
+        let script = r#"c=7; if [ "$4" = rayon ] && [ "$6" = 2 ]; then c=8; fi
+                        echo "checksum=$c seconds=0.0$6 peak_kib=${6}00 base_kib=50 loadavg=0.5 answer=x:$c""#;
+        let opts = HhOptions {
+            programs: vec!["fib".into(), "nqueens".into()],
+            threads: vec![2, 1],
+            warmups: 0,
+            seed: 1,
+            child: ChildCommand {
+                program: PathBuf::from("/bin/sh"),
+                args: vec!["-c".into(), script.into(), "child".into()],
+            },
+        };
+        let common = HhCommon {
+            size: Size::Quick,
+            runs: Some(2),
+            results_dir: dir.path().to_path_buf(),
+            timeout: Duration::from_secs(60),
+        };
+        let f = run(&common, &opts).unwrap();
+        assert_eq!(f.failures.len(), 4, "{:?}", f.failures);
+        assert!(f
+            .failures
+            .iter()
+            .all(|e| e.contains("rayon-2T") && e.contains("checksum=8")));
+        assert!(f.failures[0].starts_with("fib: rayon-2T on fib(30) cutoff 18 (seed 1)"));
+        assert!(f.markdown.contains("canopy-hh: not measured"));
+        assert!(f.markdown.contains("| `fib`"));
+        assert!(f.written.json.exists() && f.written.svg.as_ref().is_some_and(|p| p.exists()));
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&f.written.json).unwrap()).unwrap();
+        let progs = json
+            .pointer("/summary/programs")
+            .unwrap()
+            .as_array()
+            .unwrap();
+        // T_1 / T_s = 0.01 / 0.01; rayon-2T failed, so no T_2 and no geomean of it.
+        assert_eq!(progs[0]["rel_seq"][0], json!([1, 1.0]));
+        assert_eq!(progs[0]["rel_seq"][1], json!([2, null]));
+        assert_eq!(progs[0]["answer"], json!("x:7"));
+        assert_eq!(
+            json.pointer("/summary/geomean_rss_rel_seq/0"),
+            Some(&json!([1, 1.0]))
+        );
+    }
+
     #[test]
     fn every_program_has_sizes_that_grow() {
         for prog in programs() {
