@@ -12,7 +12,8 @@ use canopy_bench::anchors::{self, Contenders, Discover, ANCHORS};
 use canopy_bench::artifacts::Lookup;
 use canopy_bench::experiments::region::RegionCommon;
 use canopy_bench::experiments::{
-    rc, region_frag, region_pack, region_speed, sac, sac_callgrind, workloads, Common, Finished,
+    hh_suite, rc, region_frag, region_pack, region_speed, sac, sac_callgrind, workloads, Common,
+    Finished,
 };
 use canopy_bench::report::{self, Size};
 use clap::{Args, Parser, Subcommand};
@@ -55,8 +56,15 @@ at least 100x faster than freeing them one by one.
   region-pack    runs and cost of packing a 30,000-node list and a Barnes-Hut oct-tree with one \
 region per level (§4.3, §6.3); target: the list packs into a handful of runs.
 
-Experiments of the other papers (the Microgrid delegated reference counting, MPL's hierarchical \
-heaps, the GUM virtual shared heap) will join as their layers land.
+Parallel benchmark suite (paper 004, Arora et al., \"Efficient Parallel Functional Programming with \
+Effects\", §5):
+  hh-suite       primes, msort-int64, tokens, mcss, linefit, sparse-mxv, wc, fib and nqueens: the \
+sequential Rust baseline against rayon on the system allocator at 1, 2, ... threads, each run in its \
+own child process; T_1/T_s, T_2/T_s, speedup and peak RSS against the baseline, like the paper's \
+Fig. 6. The canopy-hh column (MPL's hierarchical heaps) joins when that layer lands.
+
+Experiments of the other papers (the Microgrid delegated reference counting, the GUM virtual shared \
+heap) will join as their layers land.
 
 Sizes: --quick runs in seconds (CI smoke runs, the tour); the default is in between; --paper uses \
 the paper's problem size. Every configuration runs several times with the contenders interleaved, \
@@ -226,6 +234,64 @@ fn rc_common(cli: &Cli, a: &RcArgs) -> rc::RcCommon {
         runs: a.runs,
         results_dir: results_dir(cli),
     }
+    /// Parallel suite of paper 004 §5: sequential baseline vs rayon (canopy-hh to come)
+    #[command(
+        long_about = "The parallel benchmark suite of paper 004 (Arora, Westrick, Acar, \"Efficient Parallel \
+                            Functional Programming with Effects\"), §5 \"Evaluation\": the programs of its \
+                            cross-language comparison (§5.5, Figs. 9 and 10) - primes (sieve up to 10^8 at paper size), \
+                            msort-int64 (2*10^7 hashed int64), tokens, mcss, linefit, sparse-mxv (10^8 nonzeros), wc - \
+                            plus fib and nqueens for fine-grained forking. Each program has a sequential Rust baseline \
+                            (one thread, no runtime: the analogue of the paper's MLton column) and a rayon version on the \
+                            system allocator. Inputs are generated deterministically from --seed. Every run is a child \
+                            process of this binary (peak RSS = its VmHWM); configurations run interleaved, medians are \
+                            reported. Every rayon answer must equal the sequential one, or the run fails naming the \
+                            program, variant and input. Reported like the paper's Fig. 6: T_p/T_s, the speedup T_1/T_2, \
+                            R_p/R_s and their geomeans (paper: MPL* T_1/T_s geomean 1.34). The canopy-hh column is \
+                            missing until the canopy-hh layer lands; no number is shown for it."
+    )]
+    HhSuite(HhSuiteArgs),
+    /// One measured run of one hh-suite program (used by `bench hh-suite`)
+    #[command(hide = true)]
+    HhSuiteChild(HhSuiteChildArgs),
+}
+
+#[derive(Debug, Args)]
+struct HhSuiteArgs {
+    #[command(flatten)]
+    size: SizeArgs,
+    /// Thread counts of the rayon runs, comma-separated [default: 1, 2, 4, ... up to the number of CPUs]
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    threads: Option<Vec<usize>>,
+    /// Programs to run, comma-separated [default: primes,msort-int64,tokens,mcss,linefit,sparse-mxv,wc,fib,nqueens]
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    programs: Option<Vec<String>>,
+    /// Runs per configuration; the median is reported [default: 3 quick, 5 otherwise]
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Untimed runs before the timed one in each child
+    #[arg(long, default_value_t = 1)]
+    warmups: usize,
+    /// Seed of the generated inputs
+    #[arg(long, default_value_t = 2023)]
+    seed: u64,
+}
+
+#[derive(Debug, Args)]
+struct HhSuiteChildArgs {
+    #[arg(long)]
+    program: String,
+    #[arg(long)]
+    variant: String,
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    #[arg(long)]
+    n: u64,
+    #[arg(long, default_value_t = 0)]
+    grain: u64,
+    #[arg(long, default_value_t = 2023)]
+    seed: u64,
+    #[arg(long, default_value_t = 1)]
+    warmups: usize,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -524,6 +590,40 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Experiment::RcKernel(a) => rc::run_kernel(&rc_common(&cli, a))?,
                 Experiment::RcFft(a) => rc::run_fft(&rc_common(&cli, a))?,
                 Experiment::RcReuse(a) => rc::run_reuse(&rc_common(&cli, a))?,
+                Experiment::HhSuite(a) => {
+                    let exe = std::env::current_exe()
+                        .context("finding the canopy binary to run hh-suite's children")?;
+                    let opts = hh_suite::HhOptions {
+                        programs: a.programs.clone().unwrap_or_default(),
+                        threads: a.threads.clone().unwrap_or_else(hh_suite::default_threads),
+                        warmups: a.warmups,
+                        seed: a.seed,
+                        child: hh_suite::ChildCommand {
+                            program: exe,
+                            args: vec!["bench".into(), "hh-suite-child".into()],
+                        },
+                    };
+                    let hc = hh_suite::HhCommon {
+                        size: a.size.size(),
+                        runs: a.runs,
+                        results_dir: results_dir(&cli),
+                        timeout: Duration::from_secs(cli.timeout.max(1)),
+                    };
+                    hh_suite::run(&hc, &opts)?
+                }
+                Experiment::HhSuiteChild(a) => {
+                    let line = hh_suite::child_main(&hh_suite::ChildArgs {
+                        program: a.program.clone(),
+                        variant: a.variant.clone(),
+                        threads: a.threads,
+                        n: a.n,
+                        grain: a.grain,
+                        seed: a.seed,
+                        warmups: a.warmups,
+                    })?;
+                    println!("{line}");
+                    return Ok(ExitCode::SUCCESS);
+                }
             };
             print!("{}", finished.markdown);
             print_written(&finished);
@@ -854,6 +954,31 @@ mod tests {
         };
         assert_eq!(a.parts, vec!["a", "c"]);
         assert_eq!((a.steps, a.size.size()), (Some(500), Size::Quick));
+        let cli = Cli::try_parse_from([
+            "canopy",
+            "bench",
+            "hh-suite",
+            "--quick",
+            "--threads",
+            "1,2",
+            "--programs",
+            "fib,wc",
+        ])
+        .unwrap();
+        let Cmd::Bench {
+            experiment: Experiment::HhSuite(h),
+        } = cli.cmd
+        else {
+            panic!("not hh-suite")
+        };
+        assert_eq!(
+            (h.size.size(), h.threads, h.programs),
+            (
+                Size::Quick,
+                Some(vec![1, 2]),
+                Some(vec!["fib".into(), "wc".into()])
+            )
+        );
         for e in ["region-speed", "region-pack"] {
             assert!(Cli::try_parse_from(["canopy", "bench", e, "--paper", "--runs", "2"]).is_ok());
         }

@@ -1,0 +1,746 @@
+//! The nine programs.  Each is a unit struct implementing [`Program`]: its
+//! sizes, its input generator, one body per [`Variant`] and the check of its
+//! output.  The sequential body is the sequential elision of the parallel
+//! algorithm, written as one would write it in plain Rust (the analogue of
+//! the paper's MLton column); the rayon body forks with `rayon::join` or
+//! parallel iterators and allocates with the system allocator.
+
+use rayon::prelude::*;
+
+use super::input::{self, Csr};
+use super::{Answer, Params, Program, Variant};
+use crate::report::Size;
+
+/// An order-dependent hash of a sequence of words (untimed result checks).
+#[derive(Debug, Clone, Copy)]
+pub struct Hasher(u64);
+
+impl Default for Hasher {
+    fn default() -> Self {
+        Hasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher {
+    /// Mix in one word.
+    #[inline(always)]
+    pub fn add(&mut self, x: u64) {
+        self.0 = (self.0 ^ x)
+            .wrapping_mul(0x0000_0100_0000_01b3)
+            .rotate_left(29);
+    }
+
+    /// The hash so far.
+    pub fn finish(self) -> u64 {
+        input::fmix(self.0)
+    }
+}
+
+fn hash_all<I: IntoIterator<Item = u64>>(it: I) -> u64 {
+    let mut h = Hasher::default();
+    for x in it {
+        h.add(x);
+    }
+    h.finish()
+}
+
+fn pick<T>(size: Size, quick: T, default: T, paper: T) -> T {
+    match size {
+        Size::Quick => quick,
+        Size::Default => default,
+        Size::Paper => paper,
+    }
+}
+
+// ---------------------------------------------------------------- primes
+
+/// Sieve of Eratosthenes: every prime up to n, in order.
+pub struct Primes;
+
+/// Odd numbers per sieve segment (a 64 KiB byte map: fits in L2).
+const PRIME_SEGMENT: usize = 1 << 16;
+
+/// The odd primes up to `limit` by the plain sieve (the sieving primes).
+fn small_primes(limit: usize) -> Vec<usize> {
+    let m = limit.saturating_sub(1) / 2; // odd k-index k <-> 2k + 1
+    let mut composite = vec![false; m + 1];
+    let mut out = Vec::new();
+    for k in 1..=m {
+        if !composite[k] {
+            let p = 2 * k + 1;
+            out.push(p);
+            let mut j = (p * p - 1) / 2;
+            while j <= m {
+                composite[j] = true;
+                j += p;
+            }
+        }
+    }
+    out
+}
+
+/// Sieve segment `s` (odd k-indices `s*SEG .. min((s+1)*SEG, m+1)`), appending
+/// its primes to `out` (segment 0 starts with 2); `composite` is scratch of
+/// `PRIME_SEGMENT` bytes.  Needs n >= 2.
+fn sieve_segment(
+    s: usize,
+    m: usize,
+    sieving: &[usize],
+    composite: &mut [bool],
+    out: &mut Vec<u32>,
+) {
+    let lo = s * PRIME_SEGMENT;
+    let hi = ((s + 1) * PRIME_SEGMENT).min(m + 1);
+    let seg = &mut composite[..hi - lo];
+    seg.fill(false);
+    let top = 2 * hi + 1; // exclusive bound on the numbers of this segment
+    for &p in sieving {
+        if p * p >= top {
+            break;
+        }
+        // First k >= lo with 2k + 1 an odd multiple of p, and not below p*p.
+        let r = (p - 1) / 2;
+        let mut j = lo + (r + p - lo % p) % p;
+        j = j.max((p * p - 1) / 2);
+        while j < hi {
+            seg[j - lo] = true;
+            j += p;
+        }
+    }
+    // k = 0 stands for 1, which is not prime; 2, the one even prime, takes its place.
+    for (i, &c) in seg.iter().enumerate() {
+        let k = lo + i;
+        if !c {
+            out.push(if k == 0 { 2 } else { (2 * k + 1) as u32 });
+        }
+    }
+}
+
+impl Program for Primes {
+    type Input = usize;
+    type Output<'a> = Vec<u32>;
+    fn name(&self) -> &'static str {
+        "primes"
+    }
+    fn about(&self) -> &'static str {
+        "segmented sieve of Eratosthenes: every prime up to n as a Vec<u32>; answer: count and hash of the primes"
+    }
+    fn params(&self, size: Size) -> Params {
+        Params::n(pick(size, 2_000_000, 100_000_000, 100_000_000))
+    }
+    fn label(&self, p: &Params) -> String {
+        format!("n={}", p.n)
+    }
+    fn generate(&self, p: &Params, _seed: u64) -> usize {
+        assert!(p.n <= u32::MAX as u64, "primes: n must fit in u32");
+        p.n as usize
+    }
+    fn run<'a>(&self, v: Variant, &n: &'a usize) -> Vec<u32> {
+        if n < 2 {
+            return Vec::new();
+        }
+        let m = (n - 1) / 2;
+        let sieving = small_primes((n as f64).sqrt() as usize + 1);
+        let segments = (m + 1).div_ceil(PRIME_SEGMENT);
+        match v {
+            Variant::Seq => {
+                // ~n / ln n primes; a little more room avoids the last doubling.
+                let mut out = Vec::with_capacity((n as f64 / (n as f64).ln() * 1.2) as usize + 16);
+                let mut scratch = vec![false; PRIME_SEGMENT];
+                for s in 0..segments {
+                    sieve_segment(s, m, &sieving, &mut scratch, &mut out);
+                }
+                out
+            }
+            Variant::Rayon => (0..segments)
+                .into_par_iter()
+                .flat_map_iter(|s| {
+                    let mut scratch = vec![false; PRIME_SEGMENT];
+                    let mut out = Vec::new();
+                    sieve_segment(s, m, &sieving, &mut scratch, &mut out);
+                    out
+                })
+                .collect(),
+        }
+    }
+    fn answer(&self, out: &Vec<u32>, _input: &usize) -> Answer {
+        Answer {
+            checksum: hash_all(out.iter().map(|&p| u64::from(p))),
+            summary: format!(
+                "count:{},last:{}",
+                out.len(),
+                out.last().copied().unwrap_or(0)
+            ),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- msort-int64
+
+/// Merge sort of hashed 64-bit integers into a new vector.
+pub struct Msort;
+
+impl Program for Msort {
+    type Input = Vec<i64>;
+    type Output<'a> = Vec<i64>;
+    fn name(&self) -> &'static str {
+        "msort-int64"
+    }
+    fn about(&self) -> &'static str {
+        "stable merge sort of hashed i64 into a fresh vector (slice::sort / par_sort); answer: hash of the sorted vector"
+    }
+    fn params(&self, size: Size) -> Params {
+        Params::n(pick(size, 500_000, 10_000_000, 20_000_000))
+    }
+    fn label(&self, p: &Params) -> String {
+        format!("n={}", p.n)
+    }
+    fn generate(&self, p: &Params, seed: u64) -> Vec<i64> {
+        input::hashed_i64(p.n as usize, seed)
+    }
+    fn run<'a>(&self, v: Variant, xs: &'a Vec<i64>) -> Vec<i64> {
+        match v {
+            Variant::Seq => {
+                let mut out = xs.to_vec();
+                out.sort();
+                out
+            }
+            Variant::Rayon => {
+                let mut out: Vec<i64> = xs.par_iter().copied().collect();
+                out.par_sort();
+                out
+            }
+        }
+    }
+    fn answer(&self, out: &Vec<i64>, _input: &Vec<i64>) -> Answer {
+        Answer {
+            checksum: hash_all(out.iter().map(|&x| x as u64)),
+            summary: format!(
+                "len:{},min:{},max:{}",
+                out.len(),
+                out.first().copied().unwrap_or(0),
+                out.last().copied().unwrap_or(0)
+            ),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- tokens
+
+/// Split a text on ASCII whitespace into a vector of `&str`.
+pub struct Tokens;
+
+fn offsets_hash(text: &str, toks: &[&str]) -> u64 {
+    let base = text.as_ptr() as usize;
+    hash_all(
+        toks.iter()
+            .map(|t| (((t.as_ptr() as usize - base) as u64) << 8) ^ t.len() as u64),
+    )
+}
+
+impl Program for Tokens {
+    type Input = String;
+    type Output<'a> = Vec<&'a str>;
+    fn name(&self) -> &'static str {
+        "tokens"
+    }
+    fn about(&self) -> &'static str {
+        "split generated text on ASCII whitespace into a Vec<&str> (split_ascii_whitespace / par_split_ascii_whitespace); answer: count and hash of (offset, length)"
+    }
+    fn params(&self, size: Size) -> Params {
+        Params::n(pick(size, 2_000_000, 100_000_000, 500_000_000))
+    }
+    fn label(&self, p: &Params) -> String {
+        format!("{} B of text", p.n)
+    }
+    fn generate(&self, p: &Params, seed: u64) -> String {
+        input::text(p.n as usize, seed)
+    }
+    fn run<'a>(&self, v: Variant, text: &'a String) -> Vec<&'a str> {
+        match v {
+            Variant::Seq => text.split_ascii_whitespace().collect(),
+            Variant::Rayon => text.par_split_ascii_whitespace().collect(),
+        }
+    }
+    fn answer(&self, out: &Vec<&str>, text: &String) -> Answer {
+        Answer {
+            checksum: offsets_hash(text, out),
+            summary: format!("tokens:{}", out.len()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- mcss
+
+/// Maximum contiguous subsequence sum (non-empty) of i64 values.
+pub struct Mcss;
+
+/// What the parallel mcss keeps per block: total, best prefix, best suffix,
+/// best inside (all over non-empty ranges).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct McssSummary {
+    total: i64,
+    prefix: i64,
+    suffix: i64,
+    best: i64,
+}
+
+impl McssSummary {
+    fn of(xs: &[i64]) -> Self {
+        let (mut total, mut prefix, mut best, mut cur) = (0i64, i64::MIN, i64::MIN, i64::MIN);
+        for &x in xs {
+            total += x;
+            prefix = prefix.max(total);
+            cur = if cur > 0 { cur + x } else { x };
+            best = best.max(cur);
+        }
+        // cur ends at the last element: the best suffix.
+        McssSummary {
+            total,
+            prefix,
+            suffix: cur,
+            best,
+        }
+    }
+
+    fn join(a: Self, b: Self) -> Self {
+        McssSummary {
+            total: a.total + b.total,
+            prefix: a.prefix.max(a.total + b.prefix),
+            suffix: b.suffix.max(b.total + a.suffix),
+            best: a.best.max(b.best).max(a.suffix + b.prefix),
+        }
+    }
+}
+
+/// Elements per leaf of the parallel mcss and linefit reductions.
+const LEAF: usize = 1 << 14;
+
+impl Program for Mcss {
+    type Input = Vec<i64>;
+    type Output<'a> = i64;
+    fn name(&self) -> &'static str {
+        "mcss"
+    }
+    fn about(&self) -> &'static str {
+        "maximum contiguous subsequence sum of i64 in -1000..1000 (Kadane / a reduction of (total, prefix, suffix, best)); answer: the sum"
+    }
+    fn params(&self, size: Size) -> Params {
+        Params::n(pick(size, 2_000_000, 50_000_000, 100_000_000))
+    }
+    fn label(&self, p: &Params) -> String {
+        format!("n={}", p.n)
+    }
+    fn generate(&self, p: &Params, seed: u64) -> Vec<i64> {
+        input::small_i64(p.n as usize, seed)
+    }
+    fn run<'a>(&self, v: Variant, xs: &'a Vec<i64>) -> i64 {
+        if xs.is_empty() {
+            return 0;
+        }
+        match v {
+            Variant::Seq => {
+                let (mut best, mut cur) = (i64::MIN, 0i64);
+                for &x in xs {
+                    cur = if cur > 0 { cur + x } else { x };
+                    best = best.max(cur);
+                }
+                best
+            }
+            Variant::Rayon => xs
+                .par_chunks(LEAF)
+                .map(McssSummary::of)
+                .reduce_with(McssSummary::join)
+                .map_or(0, |s| s.best),
+        }
+    }
+    fn answer(&self, out: &i64, _input: &Vec<i64>) -> Answer {
+        Answer {
+            checksum: *out as u64,
+            summary: format!("mcss:{out}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- linefit
+
+/// Least-squares line through integer points (exact integer sums).
+pub struct Linefit;
+
+/// n, Σx, Σy, Σx², Σxy (wrapping, hence associative in any order).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sums {
+    n: i64,
+    x: i64,
+    y: i64,
+    xx: i64,
+    xy: i64,
+}
+
+impl Sums {
+    #[inline(always)]
+    fn add(mut self, &(x, y): &(i64, i64)) -> Self {
+        self.n += 1;
+        self.x = self.x.wrapping_add(x);
+        self.y = self.y.wrapping_add(y);
+        self.xx = self.xx.wrapping_add(x * x);
+        self.xy = self.xy.wrapping_add(x * y);
+        self
+    }
+
+    fn join(a: Self, b: Self) -> Self {
+        Sums {
+            n: a.n + b.n,
+            x: a.x.wrapping_add(b.x),
+            y: a.y.wrapping_add(b.y),
+            xx: a.xx.wrapping_add(b.xx),
+            xy: a.xy.wrapping_add(b.xy),
+        }
+    }
+
+    /// (slope, intercept), computed from the exact sums.
+    fn fit(self) -> (f64, f64) {
+        let n = i128::from(self.n);
+        let (sx, sy) = (i128::from(self.x), i128::from(self.y));
+        let den = n * i128::from(self.xx) - sx * sx;
+        if den == 0 {
+            return (0.0, if n > 0 { sy as f64 / n as f64 } else { 0.0 });
+        }
+        let slope = (n * i128::from(self.xy) - sx * sy) as f64 / den as f64;
+        let intercept = (sy as f64 - slope * sx as f64) / n as f64;
+        (slope, intercept)
+    }
+}
+
+impl Program for Linefit {
+    type Input = Vec<(i64, i64)>;
+    type Output<'a> = (f64, f64);
+    fn name(&self) -> &'static str {
+        "linefit"
+    }
+    fn about(&self) -> &'static str {
+        "least-squares line through points near y = 3x + 12345 (a fold / reduction of n, Σx, Σy, Σx², Σxy); answer: slope and intercept"
+    }
+    fn params(&self, size: Size) -> Params {
+        // Σx² stays below 2^63 for n up to ~2·10^9 (x < 2^16).
+        Params::n(pick(size, 2_000_000, 30_000_000, 100_000_000))
+    }
+    fn label(&self, p: &Params) -> String {
+        format!("n={}", p.n)
+    }
+    fn generate(&self, p: &Params, seed: u64) -> Vec<(i64, i64)> {
+        input::line_points(p.n as usize, seed)
+    }
+    fn run<'a>(&self, v: Variant, pts: &'a Vec<(i64, i64)>) -> (f64, f64) {
+        match v {
+            Variant::Seq => pts.iter().fold(Sums::default(), Sums::add).fit(),
+            Variant::Rayon => pts
+                .par_chunks(LEAF)
+                .map(|c| c.iter().fold(Sums::default(), Sums::add))
+                .reduce(Sums::default, Sums::join)
+                .fit(),
+        }
+    }
+    fn answer(&self, &(s, i): &(f64, f64), _input: &Vec<(i64, i64)>) -> Answer {
+        Answer {
+            checksum: hash_all([s.to_bits(), i.to_bits()]),
+            summary: format!("slope:{s:.6},intercept:{i:.3}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- sparse-mxv
+
+/// CSR sparse matrix times dense vector.
+pub struct SparseMxv;
+
+#[inline(always)]
+fn row_dot(m: &Csr, x: &[f64], r: usize) -> f64 {
+    let (a, b) = (m.offsets[r], m.offsets[r + 1]);
+    m.cols[a..b]
+        .iter()
+        .zip(&m.vals[a..b])
+        .map(|(&c, &v)| v * x[c as usize])
+        .sum()
+}
+
+impl Program for SparseMxv {
+    type Input = (Csr, Vec<f64>);
+    type Output<'a> = Vec<f64>;
+    fn name(&self) -> &'static str {
+        "sparse-mxv"
+    }
+    fn about(&self) -> &'static str {
+        "y = A·x for a square CSR matrix with a fixed number of random columns per row; each row summed in order, so every variant gives the same bits; answer: hash of y"
+    }
+    fn params(&self, size: Size) -> Params {
+        // (rows, entries per row): 10^8 entries at paper size (1.2 GB of matrix).
+        let (n, d) = pick(size, (100_000, 20), (1_000_000, 50), (1_000_000, 100));
+        Params { n, grain: d }
+    }
+    fn label(&self, p: &Params) -> String {
+        format!("{} rows x {} per row", p.n, p.grain)
+    }
+    fn generate(&self, p: &Params, seed: u64) -> (Csr, Vec<f64>) {
+        input::sparse(p.n as usize, p.grain as usize, seed)
+    }
+    fn run<'a>(&self, v: Variant, (m, x): &'a (Csr, Vec<f64>)) -> Vec<f64> {
+        match v {
+            Variant::Seq => (0..m.rows).map(|r| row_dot(m, x, r)).collect(),
+            Variant::Rayon => (0..m.rows)
+                .into_par_iter()
+                .map(|r| row_dot(m, x, r))
+                .collect(),
+        }
+    }
+    fn answer(&self, y: &Vec<f64>, _input: &(Csr, Vec<f64>)) -> Answer {
+        Answer {
+            checksum: hash_all(y.iter().map(|v| v.to_bits())),
+            summary: format!("rows:{},sum:{:.6}", y.len(), y.iter().sum::<f64>()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- wc
+
+/// Line, word and byte counts (words: maximal runs of non-ASCII-whitespace).
+pub struct Wc;
+
+/// (lines, words) of `chunk`, given whether the byte before it is whitespace.
+#[inline(always)]
+fn wc_chunk(chunk: &[u8], mut prev_space: bool) -> (u64, u64) {
+    let (mut lines, mut words) = (0u64, 0u64);
+    for &b in chunk {
+        let space = b.is_ascii_whitespace();
+        lines += u64::from(b == b'\n');
+        words += u64::from(prev_space & !space);
+        prev_space = space;
+    }
+    (lines, words)
+}
+
+/// Bytes per leaf of the parallel wc.
+const WC_LEAF: usize = 1 << 16;
+
+impl Program for Wc {
+    type Input = String;
+    type Output<'a> = (u64, u64, u64);
+    fn name(&self) -> &'static str {
+        "wc"
+    }
+    fn about(&self) -> &'static str {
+        "line, word and byte counts of generated text (one pass / per-block counts whose word starts look one byte back); answer: the three counts"
+    }
+    fn params(&self, size: Size) -> Params {
+        Params::n(pick(size, 2_000_000, 200_000_000, 1_000_000_000))
+    }
+    fn label(&self, p: &Params) -> String {
+        format!("{} B of text", p.n)
+    }
+    fn generate(&self, p: &Params, seed: u64) -> String {
+        input::text(p.n as usize, seed)
+    }
+    fn run<'a>(&self, v: Variant, text: &'a String) -> (u64, u64, u64) {
+        let bytes = text.as_bytes();
+        let (lines, words) = match v {
+            Variant::Seq => wc_chunk(bytes, true),
+            Variant::Rayon => bytes
+                .par_chunks(WC_LEAF)
+                .enumerate()
+                .map(|(i, c)| wc_chunk(c, i == 0 || bytes[i * WC_LEAF - 1].is_ascii_whitespace()))
+                .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1)),
+        };
+        (lines, words, bytes.len() as u64)
+    }
+    fn answer(&self, &(l, w, b): &(u64, u64, u64), _input: &String) -> Answer {
+        Answer {
+            checksum: hash_all([l, w, b]),
+            summary: format!("lines:{l},words:{w},bytes:{b}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- fib
+
+/// Naive doubly recursive Fibonacci with a sequential cutoff.
+pub struct Fib;
+
+/// fib(n) by the naive recursion.
+pub fn fib_seq(n: u64) -> u64 {
+    if n < 2 {
+        n
+    } else {
+        fib_seq(n - 1) + fib_seq(n - 2)
+    }
+}
+
+fn fib_par(n: u64, cutoff: u64) -> u64 {
+    if n <= cutoff.max(1) {
+        fib_seq(n)
+    } else {
+        let (a, b) = rayon::join(|| fib_par(n - 1, cutoff), || fib_par(n - 2, cutoff));
+        a + b
+    }
+}
+
+impl Program for Fib {
+    type Input = (u64, u64);
+    type Output<'a> = u64;
+    fn name(&self) -> &'static str {
+        "fib"
+    }
+    fn about(&self) -> &'static str {
+        "naive fib(n); the rayon version forks with rayon::join above the cutoff; answer: fib(n)"
+    }
+    fn params(&self, size: Size) -> Params {
+        let (n, cutoff) = pick(size, (30, 18), (39, 20), (42, 20));
+        Params { n, grain: cutoff }
+    }
+    fn label(&self, p: &Params) -> String {
+        format!("fib({}) cutoff {}", p.n, p.grain)
+    }
+    fn generate(&self, p: &Params, _seed: u64) -> (u64, u64) {
+        assert!(p.n <= 92, "fib: n at most 92 (u64)");
+        (p.n, p.grain)
+    }
+    fn run<'a>(&self, v: Variant, &(n, cutoff): &'a (u64, u64)) -> u64 {
+        match v {
+            Variant::Seq => fib_seq(n),
+            Variant::Rayon => fib_par(n, cutoff),
+        }
+    }
+    fn answer(&self, f: &u64, _input: &(u64, u64)) -> Answer {
+        Answer {
+            checksum: *f,
+            summary: format!("fib:{f}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- nqueens
+
+/// Count the placements of n non-attacking queens (bitmask backtracking).
+pub struct Nqueens;
+
+/// Solutions below a partial placement: `cols`, `d1`, `d2` are the attacked
+/// columns and diagonals of the next row, `all` the mask of n columns.
+fn queens_seq(all: u32, cols: u32, d1: u32, d2: u32) -> u64 {
+    if cols == all {
+        return 1;
+    }
+    let mut free = all & !(cols | d1 | d2);
+    let mut count = 0;
+    while free != 0 {
+        let bit = free & free.wrapping_neg();
+        free ^= bit;
+        count += queens_seq(all, cols | bit, (d1 | bit) << 1, (d2 | bit) >> 1);
+    }
+    count
+}
+
+/// The same with one forked task per free column in the first `depth` rows.
+fn queens_par(all: u32, cols: u32, d1: u32, d2: u32, depth: u64) -> u64 {
+    if depth == 0 || cols == all {
+        return queens_seq(all, cols, d1, d2);
+    }
+    let free = all & !(cols | d1 | d2);
+    (0..32u32)
+        .into_par_iter()
+        .filter(|c| free & (1 << c) != 0)
+        .map(|c| {
+            let bit = 1u32 << c;
+            queens_par(all, cols | bit, (d1 | bit) << 1, (d2 | bit) >> 1, depth - 1)
+        })
+        .sum()
+}
+
+impl Program for Nqueens {
+    type Input = (u64, u64);
+    type Output<'a> = u64;
+    fn name(&self) -> &'static str {
+        "nqueens"
+    }
+    fn about(&self) -> &'static str {
+        "number of n-queens solutions by bitmask backtracking; the rayon version forks one task per free column in the first rows; answer: the count"
+    }
+    fn params(&self, size: Size) -> Params {
+        // (n, rows forked)
+        let (n, depth) = pick(size, (10, 3), (14, 4), (15, 4));
+        Params { n, grain: depth }
+    }
+    fn label(&self, p: &Params) -> String {
+        format!("n={} forking {} rows", p.n, p.grain)
+    }
+    fn generate(&self, p: &Params, _seed: u64) -> (u64, u64) {
+        assert!((1..=31).contains(&p.n), "nqueens: n in 1..=31");
+        (p.n, p.grain)
+    }
+    fn run<'a>(&self, v: Variant, &(n, depth): &'a (u64, u64)) -> u64 {
+        let all = (1u32 << n) - 1;
+        match v {
+            Variant::Seq => queens_seq(all, 0, 0, 0),
+            Variant::Rayon => queens_par(all, 0, 0, 0, depth),
+        }
+    }
+    fn answer(&self, c: &u64, _input: &(u64, u64)) -> Answer {
+        Answer {
+            checksum: *c,
+            summary: format!("solutions:{c}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_answers() {
+        let p = Params::n(100);
+        let primes = Primes.run(Variant::Seq, &Primes.generate(&p, 0));
+        assert_eq!(primes.len(), 25);
+        assert_eq!(primes.last(), Some(&97));
+        for n in [0usize, 1, 2, 3, 9, 10, 131_072 * 2 + 5, 1_000_000] {
+            let s = Primes.run(Variant::Seq, &n);
+            let naive: Vec<u32> = (2..=n as u32)
+                .filter(|&k| (2..k).take_while(|d| d * d <= k).all(|d| k % d != 0))
+                .collect();
+            if n <= 300_000 {
+                assert_eq!(s, naive, "n={n}");
+            }
+            assert_eq!(Primes.run(Variant::Rayon, &n), s, "n={n}");
+        }
+        assert_eq!(Primes.run(Variant::Seq, &1_000_000).len(), 78_498);
+        assert_eq!(fib_seq(30), 832_040);
+        assert_eq!(Nqueens.run(Variant::Seq, &(8, 2)), 92);
+        assert_eq!(Nqueens.run(Variant::Rayon, &(10, 3)), 724);
+        assert_eq!(
+            Mcss.run(Variant::Seq, &vec![-2, 1, -3, 4, -1, 2, 1, -5, 4]),
+            6
+        );
+        assert_eq!(Mcss.run(Variant::Rayon, &vec![-5, -3, -9]), -3);
+        let (s, i) = Linefit.run(Variant::Seq, &vec![(0, 1), (1, 3), (2, 5)]);
+        assert!((s - 2.0).abs() < 1e-12 && (i - 1.0).abs() < 1e-12);
+        assert_eq!(Wc.run(Variant::Seq, &" a bb\nc \n".to_string()), (2, 3, 9));
+    }
+
+    #[test]
+    fn mcss_summary_matches_kadane_on_every_split() {
+        let xs = input::small_i64(300, 5);
+        let whole = Mcss.run(Variant::Seq, &xs);
+        for cut in 1..xs.len() {
+            let j = McssSummary::join(McssSummary::of(&xs[..cut]), McssSummary::of(&xs[cut..]));
+            assert_eq!(j.best, whole, "cut {cut}");
+            assert_eq!(j, McssSummary::of(&xs));
+        }
+    }
+
+    #[test]
+    fn wc_words_are_tokens() {
+        let t = input::text(300_000, 4);
+        let (_, words, bytes) = Wc.run(Variant::Seq, &t);
+        assert_eq!(words as usize, Tokens.run(Variant::Seq, &t).len());
+        assert_eq!(bytes, 300_000);
+        assert_eq!(Wc.run(Variant::Rayon, &t), Wc.run(Variant::Seq, &t));
+    }
+}
