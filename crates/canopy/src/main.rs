@@ -203,6 +203,25 @@ enum Experiment {
     RcFft(RcArgs),
     /// canopy-rc: reuse accuracy of delegated counting after k concurrent tasks (false shared / false unique)
     RcReuse(RcArgs),
+    /// Parallel suite of paper 004 §5: sequential baseline vs rayon (canopy-hh to come)
+    #[command(
+        long_about = "The parallel benchmark suite of paper 004 (Arora, Westrick, Acar, \"Efficient Parallel \
+                            Functional Programming with Effects\"), §5 \"Evaluation\": the programs of its \
+                            cross-language comparison (§5.5, Figs. 9 and 10) - primes (sieve up to 10^8 at paper size), \
+                            msort-int64 (2*10^7 hashed int64), tokens, mcss, linefit, sparse-mxv (10^8 nonzeros), wc - \
+                            plus fib and nqueens for fine-grained forking. Each program has a sequential Rust baseline \
+                            (one thread, no runtime: the analogue of the paper's MLton column) and a rayon version on the \
+                            system allocator. Inputs are generated deterministically from --seed. Every run is a child \
+                            process of this binary (peak RSS = its VmHWM); configurations run interleaved, medians are \
+                            reported. Every rayon answer must equal the sequential one, or the run fails naming the \
+                            program, variant and input. Reported like the paper's Fig. 6: T_p/T_s, the speedup T_1/T_2, \
+                            R_p/R_s and their geomeans (paper: MPL* T_1/T_s geomean 1.34). The canopy-hh column is \
+                            missing until the canopy-hh layer lands; no number is shown for it."
+    )]
+    HhSuite(HhSuiteArgs),
+    /// One measured run of one hh-suite program (used by `bench hh-suite`)
+    #[command(hide = true)]
+    HhSuiteChild(HhSuiteChildArgs),
 }
 
 #[derive(Debug, Args)]
@@ -234,25 +253,6 @@ fn rc_common(cli: &Cli, a: &RcArgs) -> rc::RcCommon {
         runs: a.runs,
         results_dir: results_dir(cli),
     }
-    /// Parallel suite of paper 004 §5: sequential baseline vs rayon (canopy-hh to come)
-    #[command(
-        long_about = "The parallel benchmark suite of paper 004 (Arora, Westrick, Acar, \"Efficient Parallel \
-                            Functional Programming with Effects\"), §5 \"Evaluation\": the programs of its \
-                            cross-language comparison (§5.5, Figs. 9 and 10) - primes (sieve up to 10^8 at paper size), \
-                            msort-int64 (2*10^7 hashed int64), tokens, mcss, linefit, sparse-mxv (10^8 nonzeros), wc - \
-                            plus fib and nqueens for fine-grained forking. Each program has a sequential Rust baseline \
-                            (one thread, no runtime: the analogue of the paper's MLton column) and a rayon version on the \
-                            system allocator. Inputs are generated deterministically from --seed. Every run is a child \
-                            process of this binary (peak RSS = its VmHWM); configurations run interleaved, medians are \
-                            reported. Every rayon answer must equal the sequential one, or the run fails naming the \
-                            program, variant and input. Reported like the paper's Fig. 6: T_p/T_s, the speedup T_1/T_2, \
-                            R_p/R_s and their geomeans (paper: MPL* T_1/T_s geomean 1.34). The canopy-hh column is \
-                            missing until the canopy-hh layer lands; no number is shown for it."
-    )]
-    HhSuite(HhSuiteArgs),
-    /// One measured run of one hh-suite program (used by `bench hh-suite`)
-    #[command(hide = true)]
-    HhSuiteChild(HhSuiteChildArgs),
 }
 
 #[derive(Debug, Args)]
