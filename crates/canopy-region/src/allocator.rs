@@ -1168,17 +1168,59 @@ impl RegionAllocator {
     ) -> Result<(), RegionError> {
         let start = out.len();
         out.reserve(n);
-        for _ in 0..n {
-            match self.alloc(size, rid) {
-                Ok(p) => out.push(p),
-                Err(e) => {
-                    for p in out.drain(start..) {
-                        self.free(p).expect("just allocated");
-                    }
-                    return Err(e);
+        let r = if size <= self.cfg.slab_size {
+            self.slot_of(rid).and_then(|ri| self.balloc_small(ri, self.class_of(size), n, out))
+        } else {
+            (0..n).try_for_each(|_| self.alloc(size, rid).map(|p| out.push(p)))
+        };
+        if let Err(e) = r {
+            for p in out.drain(start..) {
+                self.free(p).expect("just allocated");
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// `n` slots of `class` for region `ri`: whole bitmap words at a time,
+    /// one slab after another, without looking the region up per object.
+    fn balloc_small(&mut self, ri: usize, class: usize, n: usize, out: &mut Vec<NonNull<u8>>) -> Result<(), RegionError> {
+        let size = class << self.granule_shift;
+        let slots = self.slots[class];
+        let mut left = n;
+        while left > 0 {
+            let mut sid = self.regions[ri].partial[class];
+            if sid == NIL {
+                sid = self.new_partial(ri, class)?;
+            }
+            let base = sid as usize * self.wps;
+            let (addr, mut w, mut live) = {
+                let sl = &self.slabs[sid as usize];
+                (sl.addr, sl.span as usize, sl.live)
+            };
+            while left > 0 && w < self.wps {
+                let mut x = self.bits[base + w];
+                while x != 0 && left > 0 {
+                    let idx = w * 64 + x.trailing_zeros() as usize;
+                    x &= x - 1;
+                    // SAFETY: slot addresses are inside a mapped slab, never 0.
+                    out.push(unsafe { NonNull::new_unchecked((addr + idx * size) as *mut u8) });
+                    live += 1;
+                    left -= 1;
+                }
+                self.bits[base + w] = x;
+                if x == 0 {
+                    w += 1;
                 }
             }
+            let sl = &mut self.slabs[sid as usize];
+            sl.live = live;
+            sl.span = w.min(self.wps - 1) as u32;
+            if live == slots {
+                self.slab_filled(ri, class, sid);
+            }
         }
+        self.stats.allocs += n as u64;
         Ok(())
     }
 
