@@ -1,5 +1,5 @@
 //! Instructions per allocate+free pair, for `valgrind --tool=callgrind`:
-//! `alloc_cost region|malloc|none SIZE N` allocates N objects of SIZE bytes
+//! `alloc_cost region|balloc|malloc|none SIZE N` allocates N objects of SIZE bytes
 //! and frees them, in rounds of BATCH (4th argument, default 1000) (in a region, or with Canopy's malloc);
 //! `none` runs the same loop without allocating, to subtract.
 
@@ -36,6 +36,15 @@ fn main() {
                 for _ in 0..batch {
                     ptrs.push(region_alloc(&mut ra, black_box(size), r).unwrap());
                 }
+                ta += t0.elapsed();
+                let t1 = std::time::Instant::now();
+                for p in ptrs.drain(..) {
+                    region_free(&mut ra, p).unwrap();
+                }
+                tf += t1.elapsed();
+            }
+            "balloc" => {
+                ra.balloc_into(black_box(size), r, batch, &mut ptrs).unwrap();
                 ta += t0.elapsed();
                 let t1 = std::time::Instant::now();
                 for p in ptrs.drain(..) {
