@@ -1,0 +1,128 @@
+//! Chunks: the blocks a task heap bumps through.
+//!
+//! A chunk is `chunk_bytes` long and aligned to its size, taken from
+//! `canopy-alloc`; an object larger than a quarter chunk gets a chunk of its
+//! own (a multiple of the chunk size, same alignment), so an object's chunk is
+//! always found by masking its address. The chunk header holds the heap record
+//! the chunk was allocated for; merged heaps are found from it by union-find
+//! (see `heap.rs`).
+
+use crate::heap::HeapRecord;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+/// Bytes reserved at the start of a chunk for its header.
+pub(crate) const HEADER_BYTES: usize = 64;
+const MAGIC: usize = 0x6361_6e6f_7079_6868; // "canopyhh"
+
+#[repr(C)]
+pub(crate) struct Chunk {
+    /// `MAGIC ^ address` while the chunk is live, 0 once freed.
+    magic: AtomicUsize,
+    /// The heap record this chunk was allocated for.
+    pub(crate) heap: AtomicPtr<HeapRecord>,
+    /// Next chunk of the same heap.
+    pub(crate) next: *mut Chunk,
+    /// One past the last byte of the chunk.
+    pub(crate) end: usize,
+    /// One past the last allocated byte (kept up to date when the chunk stops
+    /// being the bump chunk, and by the collector).
+    pub(crate) top: usize,
+    /// Id of the collection this chunk is from-space of (0: none).
+    pub(crate) gc_id: u64,
+    /// The chunk holds one large object.
+    pub(crate) large: bool,
+}
+
+const _: () = assert!(std::mem::size_of::<Chunk>() <= HEADER_BYTES);
+
+static MASK: AtomicUsize = AtomicUsize::new(0);
+
+pub(crate) fn init_mask() {
+    MASK.store(!(crate::config::config().chunk_bytes - 1), Ordering::Relaxed);
+}
+
+#[inline]
+pub(crate) fn mask() -> usize {
+    let m = MASK.load(Ordering::Relaxed);
+    if m != 0 {
+        m
+    } else {
+        init_mask();
+        MASK.load(Ordering::Relaxed)
+    }
+}
+
+/// The chunk of the object at `addr` (an object start).
+#[inline]
+pub(crate) fn chunk_of(addr: u64) -> *mut Chunk {
+    (addr as usize & mask()) as *mut Chunk
+}
+
+impl Chunk {
+    /// First object address of the chunk.
+    #[inline]
+    pub(crate) fn start(c: *mut Chunk) -> usize {
+        c as usize + HEADER_BYTES
+    }
+
+    /// Is this a live chunk (magic intact)? Used by checks that may see a
+    /// pointer into reclaimed memory; chunks are carved from `canopy-alloc`'s
+    /// arena, which stays mapped, so the read itself is safe.
+    pub(crate) fn is_live(c: *mut Chunk) -> bool {
+        // SAFETY: see above: the caller passes the mask of an address that the
+        // program obtained from a managed value; the arena stays mapped.
+        unsafe { (*c).magic.load(Ordering::Acquire) == MAGIC ^ c as usize }
+    }
+}
+
+/// Allocate a chunk for `heap` with room for `words` words of objects.
+/// Returns the chunk and whether it is a large chunk.
+pub(crate) fn new_chunk(heap: *mut HeapRecord, words: usize, large: bool) -> *mut Chunk {
+    let size = crate::config::config().chunk_bytes;
+    let need = HEADER_BYTES + words * 8;
+    let bytes = if large { need.div_ceil(size) * size } else { size };
+    let p = canopy_alloc::alloc_aligned(bytes, size) as *mut Chunk;
+    if p.is_null() {
+        panic!("canopy-hh: out of memory: could not get a {bytes}-byte chunk from canopy-alloc");
+    }
+    // SAFETY: p is a fresh, aligned block of `bytes` >= HEADER_BYTES bytes.
+    unsafe {
+        ptr::write(
+            p,
+            Chunk {
+                magic: AtomicUsize::new(MAGIC ^ p as usize),
+                heap: AtomicPtr::new(heap),
+                next: ptr::null_mut(),
+                end: p as usize + bytes,
+                top: p as usize + HEADER_BYTES,
+                gc_id: 0,
+                large,
+            },
+        );
+        HeapRecord::add_ref(heap);
+    }
+    p
+}
+
+/// Free a chunk and drop its reference to its heap record.
+///
+/// # Safety
+/// `c` is a live chunk no longer on any list, and nothing will use objects in it.
+pub(crate) unsafe fn free_chunk(c: *mut Chunk) {
+    // SAFETY: c is live (caller).
+    let heap = unsafe { (*c).heap.load(Ordering::Relaxed) };
+    // SAFETY: as above.
+    unsafe { (*c).magic.store(0, Ordering::Release) };
+    // SAFETY: c came from canopy_alloc::alloc_aligned.
+    unsafe { canopy_alloc::free(c as *mut u8) };
+    // SAFETY: the chunk held one reference.
+    unsafe { HeapRecord::unref(heap) };
+}
+
+/// Bytes of a chunk (header included).
+#[inline]
+pub(crate) fn chunk_bytes(c: *mut Chunk) -> usize {
+    // SAFETY: c is live (callers walk their own lists).
+    unsafe { (*c).end - c as usize }
+}

@@ -1,0 +1,774 @@
+//! The mutator interface: scopes, rooted handles and the barriers.
+
+use crate::gc::{field_at, header_at};
+use crate::heap::{self, HeapRecord, RemEntry};
+use crate::object::{self, Kind, Word, FRONTIER};
+use crate::stats::Stats;
+use crate::task::Task;
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+
+/// An invariant lifetime brand: handles of one scope cannot be passed off as
+/// handles of another.
+type Brand<'s> = PhantomData<fn(&'s ()) -> &'s ()>;
+
+thread_local! {
+    static TASKS_ON_THREAD: Cell<u32> = const { Cell::new(0) };
+}
+
+struct OnThread;
+impl OnThread {
+    #[inline]
+    fn enter() -> OnThread {
+        TASKS_ON_THREAD.with(|c| c.set(c.get() + 1));
+        OnThread
+    }
+}
+impl Drop for OnThread {
+    #[inline]
+    fn drop(&mut self) {
+        TASKS_ON_THREAD.with(|c| c.set(c.get() - 1));
+    }
+}
+
+/// A rooted handle to a managed object.
+///
+/// A handle is a slot the collector knows and updates when it moves the
+/// object, so it stays valid across allocations and collections. It lives as
+/// long as the scope that made it (`'s`), and the brand keeps it from leaving
+/// that scope:
+///
+/// ```compile_fail
+/// let mut leaked = None;
+/// canopy_hh::run(|s| {
+///     let t = s.tuple(&[canopy_hh::Val::Int(1)]);
+///     leaked = Some(t); // error: the handle cannot outlive its scope
+/// });
+/// ```
+#[derive(Clone, Copy)]
+pub struct Gc<'s> {
+    slot: *mut u64,
+    _brand: Brand<'s>,
+}
+
+// SAFETY: a handle is a pointer to a slot of a task's root stack. Child tasks
+// may read the slots of their (suspended) ancestors, which nobody writes while
+// the children run: the ancestor's collector runs only in the ancestor itself.
+unsafe impl Send for Gc<'_> {}
+// SAFETY: as above; reading a slot is the only operation through `&Gc`.
+unsafe impl Sync for Gc<'_> {}
+
+impl<'s> Gc<'s> {
+    #[inline]
+    pub(crate) fn word(self) -> u64 {
+        // SAFETY: the slot lives as long as 's (its scope), and only the
+        // collector of the owning task writes it, never concurrently with a use.
+        unsafe { *self.slot }
+    }
+}
+
+impl std::fmt::Debug for Gc<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gc({:#x})", self.word())
+    }
+}
+
+/// A value as Rust code sees it: an unboxed integer or a handle.
+#[derive(Clone, Copy, Debug)]
+pub enum Val<'s> {
+    /// A 63-bit integer (see [`crate::INT_MIN`], [`crate::INT_MAX`]).
+    Int(i64),
+    /// A managed object.
+    Obj(Gc<'s>),
+}
+
+impl<'s> Val<'s> {
+    #[inline]
+    fn word(self) -> u64 {
+        match self {
+            Val::Int(i) => {
+                assert!(
+                    (object::INT_MIN..=object::INT_MAX).contains(&i),
+                    "canopy-hh: integer {i} does not fit a 63-bit managed value"
+                );
+                Word::int(i).0
+            }
+            Val::Obj(g) => g.word(),
+        }
+    }
+    /// The integer, if this is one.
+    pub fn as_int(self) -> Option<i64> {
+        match self {
+            Val::Int(i) => Some(i),
+            Val::Obj(_) => None,
+        }
+    }
+    /// The handle, if this is an object.
+    pub fn as_obj(self) -> Option<Gc<'s>> {
+        match self {
+            Val::Obj(g) => Some(g),
+            Val::Int(_) => None,
+        }
+    }
+}
+
+impl From<i64> for Val<'_> {
+    fn from(i: i64) -> Self {
+        Val::Int(i)
+    }
+}
+impl<'s> From<Gc<'s>> for Val<'s> {
+    fn from(g: Gc<'s>) -> Self {
+        Val::Obj(g)
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Element types of raw (unboxed) arrays.
+pub trait Unboxed: Copy + Send + Sync + 'static + sealed::Sealed {
+    #[doc(hidden)]
+    fn atomic_load(p: *const Self) -> Self;
+    #[doc(hidden)]
+    fn atomic_store(p: *mut Self, v: Self);
+}
+
+macro_rules! unboxed {
+    ($($t:ty => $a:ty, $to:expr, $from:expr);* $(;)?) => {$(
+        impl sealed::Sealed for $t {}
+        impl Unboxed for $t {
+            #[inline]
+            fn atomic_load(p: *const Self) -> Self {
+                // SAFETY: p is an aligned element of a live raw array
+                // (payloads are 8-aligned and callers bound-check).
+                let a = unsafe { &*(p as *const $a) };
+                #[allow(clippy::redundant_closure_call)]
+                ($from)(a.load(Ordering::Relaxed))
+            }
+            #[inline]
+            fn atomic_store(p: *mut Self, v: Self) {
+                // SAFETY: as above.
+                let a = unsafe { &*(p as *const $a) };
+                #[allow(clippy::redundant_closure_call)]
+                a.store(($to)(v), Ordering::Relaxed)
+            }
+        }
+    )*};
+}
+
+unboxed! {
+    u8 => std::sync::atomic::AtomicU8, |v| v, |v| v;
+    i8 => std::sync::atomic::AtomicI8, |v| v, |v| v;
+    u16 => std::sync::atomic::AtomicU16, |v| v, |v| v;
+    i16 => std::sync::atomic::AtomicI16, |v| v, |v| v;
+    u32 => std::sync::atomic::AtomicU32, |v| v, |v| v;
+    i32 => std::sync::atomic::AtomicI32, |v| v, |v| v;
+    u64 => std::sync::atomic::AtomicU64, |v| v, |v| v;
+    i64 => std::sync::atomic::AtomicI64, |v| v, |v| v;
+    f32 => std::sync::atomic::AtomicU32, |v: f32| v.to_bits(), f32::from_bits;
+    f64 => std::sync::atomic::AtomicU64, |v: f64| v.to_bits(), f64::from_bits;
+}
+
+/// A task's view of the managed heap, and the scope its handles live in.
+///
+/// Everything that can allocate (and so collect and move objects) takes
+/// `&mut self`; reads take `&self`. A slice borrowed from a raw array
+/// therefore cannot be held across an allocation:
+///
+/// ```compile_fail
+/// canopy_hh::run(|s| {
+///     let a = s.raw_from::<u64>(&[1, 2, 3]);
+///     let view: &[u64] = s.raw_slice(a);
+///     let _b = s.tuple(&[]); // error: `s` is borrowed by `view`
+///     assert_eq!(view[0], 1);
+/// });
+/// ```
+///
+/// A scope is tied to its task: it cannot be sent to or shared with the
+/// tasks `par` forks (each of them gets its own):
+///
+/// ```compile_fail
+/// canopy_hh::run(|s| {
+///     s.par(|_a| s.tuple(&[]), |_b| ()); // error: `Scope` is not `Sync`
+/// });
+/// ```
+pub struct Scope<'s> {
+    task: *mut Task,
+    _brand: Brand<'s>,
+}
+
+/// Run `f` as the root task of a new heap tree. Forks inside `f` run on the
+/// current rayon pool (the global one unless called inside
+/// `ThreadPool::install`).
+///
+/// # Panics
+/// If called from inside a task (a task tree cannot be nested in another).
+pub fn run<R>(f: impl for<'s> FnOnce(&mut Scope<'s>) -> R) -> R {
+    run_with_stats(f).0
+}
+
+/// [`run`], also returning the counters of the task tree.
+pub fn run_with_stats<R>(f: impl for<'s> FnOnce(&mut Scope<'s>) -> R) -> (R, Stats) {
+    assert!(
+        TASKS_ON_THREAD.with(|c| c.get()) == 0,
+        "canopy-hh: run() called inside a task; fork with Scope::par instead"
+    );
+    let _on = OnThread::enter();
+    let id = HeapRecord::next_task_ids();
+    let mut task = Task::new(HeapRecord::new_task(std::ptr::null_mut(), 2, id));
+    let r = {
+        let mut s = Scope::new(&mut task);
+        f(&mut s)
+    };
+    let stats = task.stats;
+    crate::stats::add_global(&stats);
+    drop(task);
+    (r, stats)
+}
+
+impl<'s> Scope<'s> {
+    fn new(task: &mut Task) -> Scope<'s> {
+        Scope { task, _brand: PhantomData }
+    }
+
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    fn task(&self) -> &mut Task {
+        // SAFETY: the scope is used by its task's thread only (it is !Send and
+        // !Sync), and no method holds this reference across a call that
+        // creates another one.
+        unsafe { &mut *self.task }
+    }
+
+    #[inline]
+    fn root(&self, w: u64) -> Gc<'s> {
+        Gc { slot: self.task().roots.push(w), _brand: PhantomData }
+    }
+
+    /// The object behind a handle, checked in debug builds to belong to this
+    /// task's heap or an ancestor's.
+    #[inline]
+    fn obj(&self, g: Gc<'_>) -> u64 {
+        let o = g.word();
+        if cfg!(debug_assertions) {
+            self.check_reachable(o);
+        }
+        o
+    }
+
+    #[cold]
+    fn check_reachable(&self, o: u64) {
+        let me = self.task().heap;
+        match heap::heap_of(o) {
+            Some(h) if heap::is_ancestor_or_self(h, me) => {}
+            Some(h) => panic!(
+                "canopy-hh: handle to {o:#x} used in {}, but the object belongs to {}, which is not its ancestor \
+                 (a handle was carried out of its task tree)",
+                heap::task_name(me),
+                heap::task_name(h)
+            ),
+            None => panic!("canopy-hh: handle to {o:#x} used in {}, but no live heap holds it", heap::task_name(me)),
+        }
+    }
+
+    #[inline]
+    fn header(&self, o: u64) -> (u64, Kind, usize) {
+        let h = header_at(o).load(Ordering::Relaxed);
+        (h, object::header_kind(h), object::header_len(h))
+    }
+
+    #[inline]
+    fn alloc_object(&mut self, kind: Kind, len: usize) -> *mut u64 {
+        assert!(len <= object::MAX_LEN, "canopy-hh: object length {len} exceeds {}", object::MAX_LEN);
+        let words = 1 + object::payload_words(kind, len);
+        let t = self.task();
+        let p = t.alloc_words(words);
+        t.stats.bytes_allocated += words as u64 * 8;
+        t.stats.objects_allocated += 1;
+        // SAFETY: p is a fresh block of `words` words.
+        unsafe { p.write(object::make_header(kind, len)) };
+        p
+    }
+
+    // ---- scopes and forks --------------------------------------------------
+
+    /// Run `f` in a nested scope: the handles it makes are released when it
+    /// returns (use this in loops that read many objects).
+    pub fn scope<R>(&mut self, f: impl for<'i> FnOnce(&mut Scope<'i>) -> R) -> R {
+        let mark = self.task().roots.mark();
+        let r = f(&mut Scope::new(self.task()));
+        self.task().roots.reset(mark);
+        r
+    }
+
+    /// [`Scope::scope`], keeping the one handle `f` returns (re-rooted here).
+    pub fn scope_keep(&mut self, f: impl for<'i> FnOnce(&mut Scope<'i>) -> Gc<'i>) -> Gc<'s> {
+        let out = self.root(Word::int(0).0);
+        let mark = self.task().roots.mark();
+        let g = f(&mut Scope::new(self.task()));
+        let w = g.word();
+        self.task().roots.reset(mark);
+        // SAFETY: out's slot is below the mark, so still live.
+        unsafe { *out.slot = w };
+        out
+    }
+
+    /// Fork: run `f` and `g` as two child tasks, possibly in parallel, each in
+    /// a fresh heap under this task's heap; join them (splicing their heaps
+    /// into this one) and return both results. Handles of this scope may be
+    /// used by both children.
+    pub fn par<RA: Send, RB: Send>(
+        &mut self,
+        f: impl for<'a> FnOnce(&mut Scope<'a>) -> RA + Send,
+        g: impl for<'b> FnOnce(&mut Scope<'b>) -> RB + Send,
+    ) -> (RA, RB) {
+        self.task().fork(
+            move |t| {
+                let _on = OnThread::enter();
+                f(&mut Scope::new(t))
+            },
+            move |t| {
+                let _on = OnThread::enter();
+                g(&mut Scope::new(t))
+            },
+        )
+    }
+
+    /// [`Scope::par`] for children that return managed objects: the results are
+    /// in this task's heap after the join and come back as handles here.
+    pub fn par_gc(
+        &mut self,
+        f: impl for<'a> FnOnce(&mut Scope<'a>) -> Gc<'a> + Send,
+        g: impl for<'b> FnOnce(&mut Scope<'b>) -> Gc<'b> + Send,
+    ) -> (Gc<'s>, Gc<'s>) {
+        let (a, b) = self.par(move |s| f(s).word(), move |s| g(s).word());
+        // No allocation happens between the children's return and here, so
+        // the words are still current.
+        (self.root(a), self.root(b))
+    }
+
+    /// [`Scope::par`] for children that return values (integers or objects).
+    pub fn par_val(
+        &mut self,
+        f: impl for<'a> FnOnce(&mut Scope<'a>) -> Val<'a> + Send,
+        g: impl for<'b> FnOnce(&mut Scope<'b>) -> Val<'b> + Send,
+    ) -> (Val<'s>, Val<'s>) {
+        let (a, b) = self.par(move |s| f(s).word(), move |s| g(s).word());
+        (self.val(a), self.val(b))
+    }
+
+    fn val(&self, w: u64) -> Val<'s> {
+        if Word(w).is_int() {
+            Val::Int(Word(w).as_int())
+        } else {
+            Val::Obj(self.root(w))
+        }
+    }
+
+    /// A handle in this scope to the object of a handle from an enclosing
+    /// scope or an ancestor task, so it can sit beside this scope's handles.
+    pub fn rebind(&self, g: Gc<'_>) -> Gc<'s> {
+        self.root(self.obj(g))
+    }
+
+    /// [`Scope::rebind`] for values.
+    pub fn rebind_val(&self, v: Val<'_>) -> Val<'s> {
+        match v {
+            Val::Int(i) => Val::Int(i),
+            Val::Obj(g) => Val::Obj(self.rebind(g)),
+        }
+    }
+
+    /// A parallel loop: `f(scope, i)` for every `i` in `range`, split by `par`
+    /// down to `grain` indices per task; each index gets its own nested scope.
+    pub fn par_for<F>(&mut self, range: Range<usize>, grain: usize, f: F)
+    where
+        F: for<'a> Fn(&mut Scope<'a>, usize) + Sync,
+    {
+        self.par_for_rec(range, grain.max(1), &f);
+    }
+
+    fn par_for_rec<F>(&mut self, r: Range<usize>, grain: usize, f: &F)
+    where
+        F: for<'a> Fn(&mut Scope<'a>, usize) + Sync,
+    {
+        if r.len() <= grain {
+            for i in r {
+                self.scope(|s| f(s, i));
+            }
+            return;
+        }
+        let mid = r.start + r.len() / 2;
+        self.par(|s| s.par_for_rec(r.start..mid, grain, f), |s| s.par_for_rec(mid..r.end, grain, f));
+    }
+
+    /// A parallel reduction: `leaf(scope, sub_range)` on pieces of at most
+    /// `grain` indices, combined pairwise with `combine` in index order.
+    pub fn par_reduce<R, L, C>(&mut self, range: Range<usize>, grain: usize, leaf: L, combine: C) -> R
+    where
+        R: Send,
+        L: for<'a> Fn(&mut Scope<'a>, Range<usize>) -> R + Sync,
+        C: Fn(R, R) -> R + Sync,
+    {
+        self.par_reduce_rec(range, grain.max(1), &leaf, &combine)
+    }
+
+    fn par_reduce_rec<R, L, C>(&mut self, r: Range<usize>, grain: usize, leaf: &L, combine: &C) -> R
+    where
+        R: Send,
+        L: for<'a> Fn(&mut Scope<'a>, Range<usize>) -> R + Sync,
+        C: Fn(R, R) -> R + Sync,
+    {
+        if r.len() <= grain {
+            return self.scope(|s| leaf(s, r));
+        }
+        let mid = r.start + r.len() / 2;
+        let (a, b) = self.par(
+            |s| s.par_reduce_rec(r.start..mid, grain, leaf, combine),
+            |s| s.par_reduce_rec(mid..r.end, grain, leaf, combine),
+        );
+        combine(a, b)
+    }
+
+    // ---- allocation ---------------------------------------------------------
+
+    /// An immutable tuple (record) of values.
+    pub fn tuple(&mut self, fields: &[Val<'_>]) -> Gc<'s> {
+        let p = self.alloc_object(Kind::Tuple, fields.len());
+        for (i, v) in fields.iter().enumerate() {
+            // Read the handles after the allocation: it may have moved them.
+            // SAFETY: field i of the fresh object.
+            unsafe { p.add(1 + i).write(v.word()) };
+        }
+        self.root(p as u64)
+    }
+
+    /// A mutable array of `len` values, each `init`.
+    pub fn array(&mut self, len: usize, init: Val<'_>) -> Gc<'s> {
+        let p = self.alloc_object(Kind::Array, len);
+        let w = init.word();
+        for i in 0..len {
+            // SAFETY: field i of the fresh object.
+            unsafe { p.add(1 + i).write(w) };
+        }
+        self.root(p as u64)
+    }
+
+    /// A mutable reference holding `init`.
+    pub fn new_ref(&mut self, init: Val<'_>) -> Gc<'s> {
+        let p = self.alloc_object(Kind::Ref, 1);
+        // SAFETY: the one field of the fresh object.
+        unsafe { p.add(1).write(init.word()) };
+        self.root(p as u64)
+    }
+
+    /// A mutable raw array of `len` zeroed elements of `T`.
+    pub fn raw<T: Unboxed>(&mut self, len: usize) -> Gc<'s> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).expect("canopy-hh: raw array size overflows");
+        let p = self.alloc_object(Kind::RawMut, bytes);
+        // SAFETY: the payload of the fresh object is bytes.div_ceil(8) words.
+        unsafe { std::ptr::write_bytes(p.add(1), 0, bytes.div_ceil(8)) };
+        self.root(p as u64)
+    }
+
+    /// An immutable raw array holding a copy of `data`.
+    pub fn raw_from<T: Unboxed>(&mut self, data: &[T]) -> Gc<'s> {
+        let bytes = std::mem::size_of_val(data);
+        let p = self.alloc_object(Kind::Raw, bytes);
+        // SAFETY: the payload holds `bytes` bytes (rounded up to words, the
+        // tail word zeroed first); `data` is not managed memory (it cannot be
+        // borrowed from this scope while `&mut self` is held).
+        unsafe {
+            if bytes % 8 != 0 {
+                p.add(bytes / 8 + 1).write(0);
+            }
+            std::ptr::copy_nonoverlapping(data.as_ptr() as *const u8, p.add(1) as *mut u8, bytes);
+        }
+        self.root(p as u64)
+    }
+
+    /// An immutable raw array copied from elements `range` of raw array `src`.
+    pub fn raw_copy<T: Unboxed>(&mut self, src: Gc<'_>, range: Range<usize>) -> Gc<'s> {
+        let n = self.raw_len::<T>(src);
+        assert!(range.start <= range.end && range.end <= n, "canopy-hh: raw_copy range {range:?} out of bounds for length {n}");
+        let bytes = range.len() * std::mem::size_of::<T>();
+        let p = self.alloc_object(Kind::Raw, bytes);
+        let o = self.obj(src);
+        let (_, kind, _) = self.header(o);
+        if kind == Kind::RawMut && !self.owns(o) {
+            panic!("canopy-hh: raw_copy from a mutable raw array of another task's heap; read it with raw_get");
+        }
+        // SAFETY: the source range is in bounds (checked) and the source is
+        // immutable or this task's own (so no concurrent writer); the
+        // destination is the fresh payload.
+        unsafe {
+            if bytes % 8 != 0 {
+                p.add(bytes / 8 + 1).write(0);
+            }
+            let from = (o as *const u64).add(1) as *const T;
+            std::ptr::copy_nonoverlapping(from.add(range.start), p.add(1) as *mut T, range.len());
+        }
+        self.root(p as u64)
+    }
+
+    /// Turn a mutable array (or raw array) of this task's own heap into an
+    /// immutable one, in place. Immutable objects are read without barriers.
+    pub fn freeze(&mut self, g: Gc<'_>) {
+        let o = self.obj(g);
+        let (h, kind, _) = self.header(o);
+        assert!(
+            matches!(kind, Kind::Array | Kind::RawMut),
+            "canopy-hh: freeze of a {kind:?}; only Array and RawMut can be frozen"
+        );
+        assert!(self.owns(o), "canopy-hh: freeze of an object outside this task's own heap ({})", heap::task_name(self.task().heap));
+        let nh = object::with_kind(h & !FRONTIER, kind.frozen());
+        header_at(o).store(nh, Ordering::Relaxed);
+    }
+
+    // ---- reads and writes ---------------------------------------------------
+
+    fn owns(&self, o: u64) -> bool {
+        heap::heap_of(o) == Some(self.task().heap)
+    }
+
+    /// The kind of an object.
+    pub fn kind(&self, g: Gc<'_>) -> Kind {
+        self.header(self.obj(g)).1
+    }
+
+    /// Number of fields (value kinds) or bytes (raw kinds).
+    pub fn len(&self, g: Gc<'_>) -> usize {
+        self.header(self.obj(g)).2
+    }
+
+    /// Number of `T` elements of a raw array.
+    pub fn raw_len<T: Unboxed>(&self, g: Gc<'_>) -> usize {
+        let (_, kind, len) = self.header(self.obj(g));
+        assert!(!kind.holds_values(), "canopy-hh: raw_len of a {kind:?}");
+        len / std::mem::size_of::<T>()
+    }
+
+    #[inline]
+    fn value_field(&self, o: u64, i: usize, what: &str) -> (u64, Kind) {
+        let (h, kind, len) = self.header(o);
+        if !kind.holds_values() {
+            panic!("canopy-hh: {what} on a {kind:?} object {o:#x}; use the raw_* methods");
+        }
+        if i >= len {
+            panic!("canopy-hh: {what}: index {i} out of bounds for {kind:?} of length {len}");
+        }
+        (h, kind)
+    }
+
+    /// Read field `i`. Immutable objects are read plainly; a mutable object is
+    /// read through the read barrier, which checks for entanglement when the
+    /// object is on the frontier (holds pointers into other heaps).
+    #[inline]
+    pub fn get(&self, g: Gc<'_>, i: usize) -> Val<'s> {
+        let w = self.read(g, i, "get");
+        self.val(w)
+    }
+
+    /// Read field `i` as an integer (no handle is made).
+    ///
+    /// # Panics
+    /// If the field holds an object.
+    #[inline]
+    pub fn get_int(&self, g: Gc<'_>, i: usize) -> i64 {
+        let w = Word(self.read(g, i, "get_int"));
+        assert!(w.is_int(), "canopy-hh: get_int: field {i} holds an object");
+        w.as_int()
+    }
+
+    #[inline]
+    fn read(&self, g: Gc<'_>, i: usize, what: &str) -> u64 {
+        let o = self.obj(g);
+        let (_, kind) = self.value_field(o, i, what);
+        let f = field_at(o, i);
+        if !kind.is_mutable() {
+            return f.load(Ordering::Relaxed);
+        }
+        // Read barrier. The writer sets FRONTIER before it stores the field
+        // (release), so a reader that sees the new pointer sees the bit.
+        let w = f.load(Ordering::Acquire);
+        if Word(w).is_ptr() && header_at(o).load(Ordering::Relaxed) & FRONTIER != 0 {
+            self.entanglement_check(o, w);
+        }
+        w
+    }
+
+    #[cold]
+    fn entanglement_check(&self, o: u64, w: u64) {
+        let t = self.task();
+        t.stats.frontier_checks += 1;
+        let me = t.heap;
+        match heap::heap_of(w) {
+            Some(h) if heap::is_ancestor_or_self(h, me) => {}
+            found => {
+                let holder = heap::heap_of(o).map(heap::task_name).unwrap_or_else(|| "no live heap".into());
+                let alloc = found
+                    .map(heap::task_name)
+                    .unwrap_or_else(|| "a task whose heap was already reclaimed".into());
+                panic!(
+                    "canopy-hh: entanglement detected: {} read, from mutable object {o:#x} (heap of {holder}), \
+                     a pointer to object {w:#x} allocated by {alloc}, which runs concurrently with the reader \
+                     (neither heap is an ancestor of the other). Managing entanglement (pinning) is part 2 of \
+                     the hierarchical heaps and not implemented yet, so the program is stopped before it can \
+                     use the pointer.",
+                    heap::task_name(me)
+                );
+            }
+        }
+    }
+
+    /// Write `v` into field `i` of a mutable array or ref, through the write
+    /// barrier: a pointer from an older heap's object into a younger heap is
+    /// recorded in the younger heap's remembered set, and the object joins the
+    /// frontier so concurrent readers check what they read from it.
+    pub fn set(&self, g: Gc<'_>, i: usize, v: Val<'_>) {
+        let o = self.obj(g);
+        let (h, kind) = self.value_field(o, i, "set");
+        assert!(kind.is_mutable(), "canopy-hh: set on an immutable {kind:?} object {o:#x}");
+        let w = v.word();
+        if Word(w).is_ptr() && crate::chunk::chunk_of(w) != crate::chunk::chunk_of(o) {
+            self.write_barrier(o, h, i, w);
+        }
+        field_at(o, i).store(w, Ordering::Release);
+    }
+
+    #[cold]
+    fn write_barrier(&self, o: u64, h: u64, i: usize, w: u64) {
+        let t = self.task();
+        let me = t.heap;
+        let (Some(ho), Some(hw)) = (heap::heap_of(o), heap::heap_of(w)) else {
+            panic!("canopy-hh: set: object {o:#x} or value {w:#x} is not in a live heap ({})", heap::task_name(me));
+        };
+        if ho == hw {
+            return;
+        }
+        if !heap::is_ancestor_or_self(ho, me) || !heap::is_ancestor_or_self(hw, me) {
+            panic!(
+                "canopy-hh: set in {}: writing a pointer to {w:#x} (heap of {}) into {o:#x} (heap of {}); one of them \
+                 is not in this task's heap or an ancestor's (entanglement or a handle carried out of its task tree)",
+                heap::task_name(me),
+                heap::task_name(hw),
+                heap::task_name(ho)
+            );
+        }
+        if heap::is_ancestor_or_self(hw, ho) {
+            return; // a pointer up the tree: the older heap outlives the younger
+        }
+        // A pointer down the tree: remember it for hw's collector.
+        let e = RemEntry { obj: o, index: i as u32 };
+        assert!(i <= u32::MAX as usize, "canopy-hh: field index {i} too large for the remembered set");
+        if hw == me {
+            t.remset.push(e);
+        } else {
+            // SAFETY: hw is an ancestor of this task, so live (suspended).
+            let shared = unsafe { &(*hw).shared_remset };
+            shared.lock().unwrap_or_else(|e| e.into_inner()).push(e);
+        }
+        t.stats.remset_entries += 1;
+        if h & FRONTIER == 0 {
+            header_at(o).fetch_or(FRONTIER, Ordering::Relaxed);
+        }
+    }
+
+    /// A read-only view of a raw array: any immutable raw array, or a mutable
+    /// one of this task's own heap.
+    pub fn raw_slice<T: Unboxed>(&self, g: Gc<'_>) -> &[T] {
+        let o = self.obj(g);
+        let (_, kind, len) = self.header(o);
+        assert!(!kind.holds_values(), "canopy-hh: raw_slice of a {kind:?}");
+        if kind == Kind::RawMut && !self.owns(o) {
+            panic!(
+                "canopy-hh: raw_slice of a mutable raw array of another task's heap ({}); other tasks may write it: \
+                 use raw_get, or freeze it first",
+                heap::task_name(self.task().heap)
+            );
+        }
+        // SAFETY: the payload is 8-aligned and holds `len` bytes; it does not
+        // move while `&self` is borrowed (collection needs `&mut self`, and only
+        // the owning task collects); no one writes it meanwhile (immutable, or
+        // this task's own with writes needing `&mut self`).
+        unsafe { std::slice::from_raw_parts((o as *const u64).add(1) as *const T, len / std::mem::size_of::<T>()) }
+    }
+
+    /// A writable view of a mutable raw array of this task's own heap.
+    pub fn raw_mut<T: Unboxed>(&mut self, g: Gc<'_>) -> &mut [T] {
+        let o = self.obj(g);
+        let (_, kind, len) = self.header(o);
+        assert!(kind == Kind::RawMut, "canopy-hh: raw_mut of a {kind:?}; only RawMut arrays are writable");
+        assert!(
+            self.owns(o),
+            "canopy-hh: raw_mut of an array outside this task's own heap ({}); use raw_set",
+            heap::task_name(self.task().heap)
+        );
+        // SAFETY: as raw_slice; `&mut self` excludes every other view in this
+        // task, and other tasks reach this heap's objects only after it joins.
+        unsafe { std::slice::from_raw_parts_mut((o as *mut u64).add(1) as *mut T, len / std::mem::size_of::<T>()) }
+    }
+
+    /// Read element `i` of a raw array (atomically: safe on arrays other tasks
+    /// write).
+    #[inline]
+    pub fn raw_get<T: Unboxed>(&self, g: Gc<'_>, i: usize) -> T {
+        let o = self.obj(g);
+        let (_, kind, len) = self.header(o);
+        assert!(!kind.holds_values(), "canopy-hh: raw_get of a {kind:?}");
+        let n = len / std::mem::size_of::<T>();
+        assert!(i < n, "canopy-hh: raw_get: index {i} out of bounds for length {n}");
+        // SAFETY: in bounds, aligned (8-aligned payload, i * size_of::<T>()).
+        T::atomic_load(unsafe { ((o as *const u64).add(1) as *const T).add(i) })
+    }
+
+    /// Write element `i` of a mutable raw array (atomically: children may
+    /// write disjoint or even the same elements of an ancestor's array).
+    #[inline]
+    pub fn raw_set<T: Unboxed>(&mut self, g: Gc<'_>, i: usize, v: T) {
+        let o = self.obj(g);
+        let (_, kind, len) = self.header(o);
+        assert!(kind == Kind::RawMut, "canopy-hh: raw_set of a {kind:?}; only RawMut arrays are writable");
+        let n = len / std::mem::size_of::<T>();
+        assert!(i < n, "canopy-hh: raw_set: index {i} out of bounds for length {n}");
+        // SAFETY: as raw_get.
+        T::atomic_store(unsafe { ((o as *mut u64).add(1) as *mut T).add(i) }, v)
+    }
+
+    // ---- the collector ------------------------------------------------------
+
+    /// Collect this task's heap now.
+    pub fn collect(&mut self) {
+        crate::gc::collect(self.task());
+    }
+
+    /// Run the heap verifier on this task's heap now.
+    pub fn verify(&mut self) -> Result<(), String> {
+        crate::gc::verify(self.task())
+    }
+
+    /// Counters of this task so far (children's included once joined).
+    pub fn stats(&self) -> Stats {
+        self.task().stats
+    }
+
+    /// Bytes of chunks in this task's heap.
+    pub fn heap_bytes(&self) -> usize {
+        self.task().bytes
+    }
+
+    /// Handle slots in use by this task.
+    pub fn handles(&self) -> usize {
+        self.task().roots.len()
+    }
+
+    /// Depth of this task in the task tree (the root task is 0).
+    pub fn depth(&self) -> u32 {
+        // SAFETY: our record is live.
+        unsafe { (*self.task().heap).depth.load(Ordering::Relaxed) }
+    }
+}

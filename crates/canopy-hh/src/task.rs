@@ -1,0 +1,278 @@
+//! A task's heap: its chunk list, bump allocation, roots and the fork/join
+//! protocol that keeps the heap tree in step with the task tree.
+
+use crate::chunk::{self, Chunk};
+use crate::heap::{HeapRecord, RemEntry};
+use crate::stats::Stats;
+use std::ptr;
+
+const ROOT_BLOCK: usize = 256;
+
+/// The handle slots of a task: a stack of fixed blocks, so a slot never moves.
+pub(crate) struct RootStack {
+    blocks: Vec<Box<[u64; ROOT_BLOCK]>>,
+    top: usize,
+}
+
+impl RootStack {
+    pub(crate) const fn empty() -> RootStack {
+        RootStack::new()
+    }
+
+    const fn new() -> RootStack {
+        RootStack { blocks: Vec::new(), top: 0 }
+    }
+
+    #[inline]
+    pub(crate) fn push(&mut self, v: u64) -> *mut u64 {
+        let (b, i) = (self.top / ROOT_BLOCK, self.top % ROOT_BLOCK);
+        if b == self.blocks.len() {
+            self.blocks.push(Box::new([0; ROOT_BLOCK]));
+        }
+        let slot = &mut self.blocks[b][i];
+        *slot = v;
+        self.top += 1;
+        slot
+    }
+
+    #[inline]
+    pub(crate) fn mark(&self) -> usize {
+        self.top
+    }
+
+    #[inline]
+    pub(crate) fn reset(&mut self, mark: usize) {
+        debug_assert!(mark <= self.top);
+        self.top = mark;
+    }
+
+    /// Visit every live slot.
+    pub(crate) fn for_each(&mut self, mut f: impl FnMut(&mut u64)) {
+        let mut left = self.top;
+        for b in self.blocks.iter_mut() {
+            let n = left.min(ROOT_BLOCK);
+            for s in b[..n].iter_mut() {
+                f(s);
+            }
+            left -= n;
+            if left == 0 {
+                break;
+            }
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.top
+    }
+}
+
+/// The state of one running task. Only the task's own thread touches it while
+/// the task runs; a suspended parent's state is read (never written) by its
+/// children through handles.
+pub(crate) struct Task {
+    pub(crate) heap: *mut HeapRecord,
+    /// Chunk list: large chunks and spliced children's chunks go to the front,
+    /// the bump chunk is always the last.
+    pub(crate) head: *mut Chunk,
+    pub(crate) tail: *mut Chunk,
+    pub(crate) cur: usize,
+    pub(crate) end: usize,
+    /// Bytes of chunks on the list.
+    pub(crate) bytes: usize,
+    /// Bytes that survived the last collection.
+    pub(crate) survived: usize,
+    /// Remembered-set entries recorded by this task for its own heap.
+    pub(crate) remset: Vec<RemEntry>,
+    pub(crate) roots: RootStack,
+    pub(crate) stats: Stats,
+    pub(crate) in_gc: bool,
+}
+
+// SAFETY: a Task is used by one thread at a time: it is created by the forking
+// thread, moved into the closure rayon runs (possibly on another worker), and
+// handed back by the join, which orders all of those accesses.
+unsafe impl Send for Task {}
+
+impl Task {
+    pub(crate) fn new(heap: *mut HeapRecord) -> Task {
+        Task {
+            heap,
+            head: ptr::null_mut(),
+            tail: ptr::null_mut(),
+            cur: 0,
+            end: 0,
+            bytes: 0,
+            survived: 0,
+            remset: Vec::new(),
+            roots: RootStack::new(),
+            stats: Stats::default(),
+            in_gc: false,
+        }
+    }
+
+    /// Record the bump position in the bump chunk's header.
+    #[inline]
+    pub(crate) fn flush_bump(&mut self) {
+        if !self.tail.is_null() {
+            // SAFETY: tail is this task's live bump chunk.
+            unsafe { (*self.tail).top = self.cur };
+        }
+    }
+
+    /// Allocate `words` words (uninitialised); may collect first.
+    #[inline]
+    pub(crate) fn alloc_words(&mut self, words: usize) -> *mut u64 {
+        let bytes = words * 8;
+        if self.end - self.cur >= bytes {
+            let p = self.cur;
+            self.cur += bytes;
+            return p as *mut u64;
+        }
+        self.alloc_slow(words)
+    }
+
+    #[cold]
+    fn alloc_slow(&mut self, words: usize) -> *mut u64 {
+        let cfg = crate::config::config();
+        if cfg.gc && !self.in_gc {
+            let limit = cfg.gc_min_bytes.max(((1.0 + cfg.gc_ratio) * self.survived as f64) as usize);
+            if self.bytes >= limit {
+                crate::gc::collect(self);
+            }
+        }
+        let bytes = words * 8;
+        if self.end - self.cur >= bytes {
+            let p = self.cur;
+            self.cur += bytes;
+            return p as *mut u64;
+        }
+        let large = bytes > cfg.chunk_bytes / 4;
+        let c = chunk::new_chunk(self.heap, words, large);
+        self.stats.chunks += 1;
+        let cb = chunk::chunk_bytes(c);
+        self.bytes += cb;
+        self.stats.peak_heap_bytes = self.stats.peak_heap_bytes.max(self.bytes as u64);
+        let p = Chunk::start(c);
+        if large {
+            // SAFETY: c is fresh; the object fills it from the start.
+            unsafe {
+                (*c).top = p + bytes;
+                (*c).next = self.head;
+            }
+            self.head = c;
+            if self.tail.is_null() {
+                // A list must end with a bump chunk or be empty of bump chunks:
+                // a large-only list keeps tail null-safe by pointing at it, but
+                // with an exhausted bump range.
+                self.tail = c;
+                self.cur = p + bytes;
+                self.end = p + bytes;
+                // SAFETY: c is live.
+                unsafe { (*c).top = self.cur };
+            }
+            return p as *mut u64;
+        }
+        self.flush_bump();
+        if self.tail.is_null() {
+            self.head = c;
+        } else {
+            // SAFETY: tail is live and ours.
+            unsafe { (*self.tail).next = c };
+        }
+        self.tail = c;
+        self.cur = p + bytes;
+        // SAFETY: c is live.
+        self.end = unsafe { (*c).end };
+        p as *mut u64
+    }
+
+    /// Splice a finished child's heap into this one: O(1) in the heap's size.
+    pub(crate) fn absorb(&mut self, mut child: Task) {
+        child.flush_bump();
+        if !child.head.is_null() {
+            // Child chunks go in front, so our bump chunk stays last.
+            // SAFETY: child.tail is the child's live last chunk.
+            unsafe { (*child.tail).next = self.head };
+            self.head = child.head;
+            if self.tail.is_null() {
+                self.tail = child.tail;
+                // SAFETY: live chunk.
+                unsafe {
+                    self.cur = (*child.tail).top;
+                    self.end = (*child.tail).end;
+                }
+            }
+        }
+        self.bytes += child.bytes;
+        self.survived += child.survived;
+        if self.remset.is_empty() {
+            self.remset = std::mem::take(&mut child.remset);
+        } else {
+            self.remset.append(&mut child.remset);
+        }
+        // Entries descendants pushed into the child's shared set.
+        // SAFETY: the child's record is live until merged below.
+        {
+            let shared = unsafe { &(*child.heap).shared_remset };
+            let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
+            self.remset.append(&mut s);
+        }
+        self.stats.add(&child.stats);
+        self.stats.peak_heap_bytes = self.stats.peak_heap_bytes.max(self.bytes as u64);
+        // SAFETY: the child task has finished; this task joins it.
+        unsafe { HeapRecord::merge(child.heap, self.heap) };
+        child.heap = ptr::null_mut();
+        child.head = ptr::null_mut();
+        child.tail = ptr::null_mut();
+    }
+
+    /// Fork two child tasks and join them.
+    pub(crate) fn fork<RA: Send, RB: Send>(
+        &mut self,
+        f: impl FnOnce(&mut Task) -> RA + Send,
+        g: impl FnOnce(&mut Task) -> RB + Send,
+    ) -> (RA, RB) {
+        self.flush_bump();
+        let id = HeapRecord::next_task_ids();
+        let mut a = Task::new(HeapRecord::new_task(self.heap, 0, id));
+        let mut b = Task::new(HeapRecord::new_task(self.heap, 1, id + 1));
+        let joined = {
+            let (pa, pb) = (&mut a, &mut b);
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || rayon_core::join(move || f(pa), move || g(pb))))
+        };
+        // Absorb the children even if one panicked: older objects may point
+        // into their heaps (remembered-set entries), so their chunks must
+        // outlive the unwinding.
+        self.stats.forks += 2;
+        self.absorb(a);
+        self.absorb(b);
+        match joined {
+            Ok(r) => r,
+            Err(payload) => std::panic::resume_unwind(payload),
+        }
+    }
+}
+
+impl Drop for Task {
+    /// Release the heap of a task that is not absorbed: the root task at the
+    /// end of `run`, or tasks unwound by a panic.
+    fn drop(&mut self) {
+        if self.heap.is_null() {
+            return;
+        }
+        let mut c = self.head;
+        while !c.is_null() {
+            // SAFETY: c is on our list; nothing uses it after the task ends.
+            let next = unsafe { (*c).next };
+            // SAFETY: as above.
+            unsafe { chunk::free_chunk(c) };
+            c = next;
+        }
+        // SAFETY: our record is live until the unref below.
+        let shared = unsafe { &(*self.heap).shared_remset };
+        shared.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        // SAFETY: the task held one reference to its record.
+        unsafe { HeapRecord::unref(self.heap) };
+        self.heap = ptr::null_mut();
+    }
+}

@@ -1,0 +1,529 @@
+//! Unit and property tests of chunks, heap merging, the object model and the
+//! collector. The collector runs with small chunks and a low threshold here,
+//! and the verifier checks the heap after every collection.
+
+use crate::*;
+use proptest::prelude::*;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub(crate) fn setup() {
+    let _ = set_config(Config { chunk_bytes: 8 << 10, gc_min_bytes: 32 << 10, gc_ratio: 1.0, verify: true, gc: true });
+}
+
+fn list<'s>(s: &mut Scope<'s>, n: i64) -> Gc<'s> {
+    let mut l = Val::Int(0);
+    for i in (1..=n).rev() {
+        l = Val::Obj(s.scope_keep(|s| s.tuple(&[Val::Int(i), l])));
+    }
+    l.as_obj().unwrap()
+}
+
+fn list_sum(s: &mut Scope<'_>, l: Gc<'_>) -> (i64, usize) {
+    s.scope(|s| {
+        let (mut sum, mut n) = (0, 0);
+        let mut cur = Val::Obj(s.rebind(l));
+        while let Val::Obj(c) = cur {
+            sum += s.get_int(c, 0);
+            n += 1;
+            cur = s.get(c, 1);
+        }
+        (sum, n)
+    })
+}
+
+#[test]
+fn objects_of_every_kind_read_back() {
+    setup();
+    run(|s| {
+        let t = s.tuple(&[Val::Int(INT_MIN), Val::Int(INT_MAX), Val::Int(-7)]);
+        assert_eq!(s.kind(t), Kind::Tuple);
+        assert_eq!(s.len(t), 3);
+        assert_eq!((s.get_int(t, 0), s.get_int(t, 1), s.get_int(t, 2)), (INT_MIN, INT_MAX, -7));
+        let a = s.array(4, Val::Obj(t));
+        assert_eq!(s.kind(a), Kind::Array);
+        s.set(a, 2, Val::Int(9));
+        assert_eq!(s.get_int(a, 2), 9);
+        assert_eq!(s.get_int(s.get(a, 1).as_obj().unwrap(), 2), -7);
+        let r = s.new_ref(Val::Int(1));
+        s.set(r, 0, Val::Obj(a));
+        assert_eq!(s.kind(s.get(r, 0).as_obj().unwrap()), Kind::Array);
+        let raw = s.raw::<u32>(5);
+        s.raw_mut::<u32>(raw)[3] = 77;
+        assert_eq!(s.raw_get::<u32>(raw, 3), 77);
+        assert_eq!(s.raw_len::<u32>(raw), 5);
+        s.freeze(raw);
+        assert_eq!(s.kind(raw), Kind::Raw);
+        let bytes = s.raw_from(b"hello, heap");
+        assert_eq!(s.raw_slice::<u8>(bytes), b"hello, heap");
+        let part = s.raw_copy::<u8>(bytes, 7..11);
+        assert_eq!(s.raw_slice::<u8>(part), b"heap");
+        s.freeze(a);
+        assert_eq!(s.kind(a), Kind::Vector);
+        let f = s.raw_from(&[1.5f64, -2.25]);
+        assert_eq!(s.raw_slice::<f64>(f), &[1.5, -2.25]);
+        s.verify().unwrap();
+    });
+}
+
+#[test]
+fn bad_uses_are_refused_with_messages() {
+    setup();
+    let msg = |f: Box<dyn FnOnce() + std::panic::UnwindSafe>| {
+        let e = std::panic::catch_unwind(f).unwrap_err();
+        e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+    };
+    let m = msg(Box::new(|| run(|s| {
+        let t = s.tuple(&[Val::Int(1)]);
+        s.set(t, 0, Val::Int(2));
+    })));
+    assert!(m.contains("immutable Tuple"), "{m}");
+    let m = msg(Box::new(|| run(|s| {
+        let t = s.array(2, Val::Int(1));
+        s.get_int(t, 5);
+    })));
+    assert!(m.contains("index 5 out of bounds"), "{m}");
+    let m = msg(Box::new(|| run(|s| {
+        let t = s.array(2, Val::Int(1));
+        s.raw_get::<u8>(t, 0);
+    })));
+    assert!(m.contains("raw_get of a Array"), "{m}");
+    let m = msg(Box::new(|| run(|s| {
+        s.tuple(&[Val::Int(i64::MAX)]);
+    })));
+    assert!(m.contains("does not fit"), "{m}");
+    let m = msg(Box::new(|| run(|_| run(|_| ()))));
+    assert!(m.contains("inside a task"), "{m}");
+    // A mutable raw array of the parent cannot be viewed as a slice by a child.
+    let m = msg(Box::new(|| run(|s| {
+        let a = s.raw::<u64>(4);
+        s.par(|s| s.raw_slice::<u64>(a).len(), |_| ());
+    })));
+    assert!(m.contains("raw_slice of a mutable raw array of another task"), "{m}");
+    let m = msg(Box::new(|| run(|s| {
+        let a = s.raw::<u64>(4);
+        s.par(|s| s.freeze(a), |_| ());
+    })));
+    assert!(m.contains("outside this task's own heap"), "{m}");
+}
+
+#[test]
+fn a_collection_keeps_what_handles_reach_and_frees_the_rest() {
+    setup();
+    let (_, st) = run_with_stats(|s| {
+        let l = list(s, 20_000);
+        for round in 0..20 {
+            // Garbage: lists that die at the end of the scope.
+            s.scope(|s| {
+                let g = list(s, 2_000);
+                assert_eq!(list_sum(s, g).1, 2_000);
+            });
+            if round % 5 == 0 {
+                s.collect();
+            }
+        }
+        assert_eq!(list_sum(s, l), (20_000 * 20_001 / 2, 20_000));
+        s.collect();
+        assert_eq!(list_sum(s, l), (20_000 * 20_001 / 2, 20_000));
+        // 20,000 three-word tuples survive; the heap is near that.
+        assert!(s.heap_bytes() < 2 * 20_000 * 24 + (64 << 10), "heap {}", s.heap_bytes());
+    });
+    assert!(st.collections >= 4);
+    assert!(st.bytes_copied > 0 && st.bytes_reclaimed > 0);
+}
+
+#[test]
+fn large_objects_stay_in_place_and_survive() {
+    setup();
+    run(|s| {
+        let big = s.raw::<u64>(100_000);
+        for (i, x) in s.raw_mut::<u64>(big).iter_mut().enumerate() {
+            *x = i as u64 * 3;
+        }
+        let arr = s.array(10_000, Val::Int(5));
+        s.set(arr, 9_999, Val::Obj(big));
+        let t = s.tuple(&[Val::Obj(arr)]);
+        for _ in 0..3 {
+            s.scope(|s| {
+                list(s, 5_000);
+            });
+            s.collect();
+        }
+        let arr2 = s.get(t, 0).as_obj().unwrap();
+        let big2 = s.get(arr2, 9_999).as_obj().unwrap();
+        assert_eq!(s.raw_slice::<u64>(big2)[77_777], 77_777 * 3);
+        assert_eq!(s.get_int(arr2, 0), 5);
+        assert!(s.stats().large_kept >= 3);
+    });
+}
+
+#[test]
+fn children_heaps_merge_at_the_join() {
+    setup();
+    run(|s| {
+        let (a, b) = s.par_gc(|s| list(s, 3_000), |s| list(s, 4_000));
+        assert_eq!(s.depth(), 0);
+        // The children's objects are in this heap now: collect and walk.
+        s.collect();
+        assert_eq!(list_sum(s, a).1, 3_000);
+        assert_eq!(list_sum(s, b).1, 4_000);
+        let (da, db) = s.par(|s| s.depth(), |s| s.par(|s| s.depth(), |_| 0).0);
+        assert_eq!((da, db), (1, 2));
+    });
+}
+
+#[test]
+fn down_pointers_survive_child_collections() {
+    setup();
+    run(|s| {
+        let shared = s.array(64, Val::Int(0));
+        s.par_for(0..64, 4, |s, i| {
+            // Each child puts its own list into the parent's array, then makes
+            // garbage and collects; the array slot is a remembered root.
+            let l = list(s, 200 + i as i64);
+            s.set(shared, i, Val::Obj(l));
+            for _ in 0..3 {
+                s.scope(|s| {
+                    list(s, 1_000);
+                });
+                s.collect();
+            }
+            let back = s.get(shared, i).as_obj().unwrap();
+            assert_eq!(list_sum(s, back).1, 200 + i);
+        });
+        s.collect();
+        for i in 0..64 {
+            let l = s.get(shared, i).as_obj().unwrap();
+            let n = 200 + i as i64;
+            assert_eq!(list_sum(s, l), (n * (n + 1) / 2, n as usize));
+        }
+        assert!(s.stats().remset_entries >= 64);
+    });
+}
+
+#[test]
+fn grandchildren_record_into_an_ancestor_remembered_set() {
+    setup();
+    run(|s| {
+        let outer = s.array(4, Val::Int(0));
+        s.par(
+            |s| {
+                // The child's own array, written by its children (the
+                // grandchildren of the root): entries go to the child's heap...
+                let mid = s.array(2, Val::Int(0));
+                s.par(|s| {
+                    let l = list(s, 50);
+                    s.set(mid, 0, Val::Obj(l));
+                    // ...and one into the root's array, pointing to this heap.
+                    s.set(outer, 0, Val::Obj(l));
+                }, |s| {
+                    let l = list(s, 60);
+                    s.set(mid, 1, Val::Obj(l));
+                });
+                for _ in 0..3 {
+                    s.scope(|s| {
+                        list(s, 2_000);
+                    });
+                    s.collect();
+                }
+                let a = s.get(mid, 0).as_obj().unwrap();
+                let b = s.get(mid, 1).as_obj().unwrap();
+                (list_sum(s, a).1, list_sum(s, b).1)
+            },
+            |_| (),
+        );
+        let l = s.get(outer, 0).as_obj().unwrap();
+        assert_eq!(list_sum(s, l).1, 50);
+    });
+}
+
+#[test]
+fn an_entangled_read_stops_the_program_naming_both_tasks() {
+    setup();
+    let r = std::panic::catch_unwind(|| {
+        run(|s| {
+            let shared = s.new_ref(Val::Int(0));
+            let published = AtomicBool::new(false);
+            s.par(
+                |s| {
+                    let mine = s.tuple(&[Val::Int(42)]);
+                    s.set(shared, 0, Val::Obj(mine));
+                    published.store(true, Ordering::Release);
+                },
+                |s| {
+                    // Wait for the sibling's write, then read it: entangled.
+                    while !published.load(Ordering::Acquire) {
+                        std::hint::spin_loop();
+                    }
+                    s.get(shared, 0);
+                },
+            );
+        })
+    });
+    let e = r.unwrap_err();
+    let m = e.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(m.contains("entanglement detected"), "{m}");
+    assert!(m.contains("root/R") && m.contains("root/L"), "{m}");
+}
+
+#[test]
+fn reading_a_childs_write_after_the_join_is_not_entangled() {
+    setup();
+    run(|s| {
+        let shared = s.new_ref(Val::Int(0));
+        s.par(
+            |s| {
+                let mine = s.tuple(&[Val::Int(42)]);
+                s.set(shared, 0, Val::Obj(mine));
+            },
+            |_| (),
+        );
+        let t = s.get(shared, 0).as_obj().unwrap();
+        assert_eq!(s.get_int(t, 0), 42);
+        assert!(s.stats().frontier_checks >= 1);
+    });
+}
+
+#[test]
+fn deep_and_wide_fork_trees() {
+    setup();
+    fn deep(s: &mut Scope<'_>, d: u32) -> i64 {
+        if d == 0 {
+            return 0;
+        }
+        let (a, b) = s.par(|s| deep(s, d - 1), |s| s.scope(|s| {
+            let t = s.tuple(&[Val::Int(1)]);
+            s.get_int(t, 0)
+        }));
+        a + b
+    }
+    let r = run(|s| deep(s, 1_000));
+    assert_eq!(r, 1_000);
+    fn wide(s: &mut Scope<'_>, lo: i64, hi: i64) -> i64 {
+        if hi - lo == 1 {
+            let t = s.tuple(&[Val::Int(lo)]);
+            return s.get_int(t, 0);
+        }
+        let mid = (lo + hi) / 2;
+        let (a, b) = s.par(|s| wide(s, lo, mid), |s| wide(s, mid, hi));
+        a + b
+    }
+    let (r, st) = run_with_stats(|s| wide(s, 0, 100_000));
+    assert_eq!(r, 100_000 * 99_999 / 2);
+    assert_eq!(st.forks, 2 * 99_999);
+    let v = run(|s| {
+        let out = s.raw::<i64>(10_000);
+        s.par_for(0..10_000, 16, |s, i| s.raw_set(out, i, (i * i) as i64));
+        s.raw_slice::<i64>(out).iter().enumerate().all(|(i, &x)| x == (i * i) as i64)
+    });
+    assert!(v);
+    let sum = run(|s| s.par_reduce(0..1_000_000, 1_000, |_, r| r.map(|x| x as u64).sum::<u64>(), |a, b| a + b));
+    assert_eq!(sum, 999_999 * 1_000_000 / 2);
+}
+
+// ---- the model test -----------------------------------------------------------
+
+#[derive(Clone, Debug)]
+enum Op {
+    Int(i64),
+    Tuple(usize, usize),
+    Array(u8, usize),
+    Set(usize, u8, usize),
+    Get(usize, u8),
+    Collect,
+    Fork(Vec<Op>, Vec<Op>),
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let leaf = prop_oneof![
+        (-1000i64..1000).prop_map(Op::Int),
+        (any::<usize>(), any::<usize>()).prop_map(|(a, b)| Op::Tuple(a, b)),
+        (1u8..6, any::<usize>()).prop_map(|(n, a)| Op::Array(n, a)),
+        (any::<usize>(), any::<u8>(), any::<usize>()).prop_map(|(a, i, v)| Op::Set(a, i, v)),
+        (any::<usize>(), any::<u8>()).prop_map(|(a, i)| Op::Get(a, i)),
+        Just(Op::Collect),
+    ];
+    leaf.prop_recursive(3, 200, 24, |inner| {
+        prop_oneof![
+            4 => inner.clone(),
+            1 => (prop::collection::vec(inner.clone(), 0..24), prop::collection::vec(inner, 0..24))
+                .prop_map(|(a, b)| Op::Fork(a, b)),
+        ]
+    })
+}
+
+/// The model: objects in an arena, values are ints or arena ids.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum MVal {
+    Int(i64),
+    Obj(usize),
+}
+
+#[derive(Default)]
+struct Model {
+    objs: Vec<(bool, Vec<MVal>)>, // (mutable, fields)
+}
+
+/// Run `ops` on the managed heap and the model side by side. `regs` are the
+/// task's registers (managed, model); `parity` restricts which fields of
+/// arrays owned by ancestors this task may touch (siblings use disjoint
+/// fields, so the outcome does not depend on the schedule), and `own_from`
+/// is the first model id this task allocated.
+fn exec<'s>(
+    s: &mut Scope<'s>,
+    model: &std::sync::Mutex<Model>,
+    ops: &[Op],
+    regs: &mut Vec<(Val<'s>, MVal)>,
+    parity: Option<(u8, usize)>,
+) {
+    let pick = |regs: &Vec<(Val<'s>, MVal)>, i: usize| regs[i % regs.len()];
+    let allowed = |model: &Model, id: usize, field: usize, own_from: usize| -> bool {
+        match parity {
+            None => true,
+            Some((p, _)) if id < own_from => field % 2 == p as usize && model.objs[id].0,
+            Some(_) => true,
+        }
+    };
+    let own_from = parity.map(|p| p.1).unwrap_or(0);
+    for op in ops {
+        match op {
+            Op::Int(i) => regs.push((Val::Int(*i), MVal::Int(*i))),
+            Op::Tuple(a, b) => {
+                let (va, ma) = pick(regs, *a);
+                let (vb, mb) = pick(regs, *b);
+                let g = s.tuple(&[va, vb]);
+                let mut m = model.lock().unwrap();
+                m.objs.push((false, vec![ma, mb]));
+                regs.push((Val::Obj(g), MVal::Obj(m.objs.len() - 1)));
+            }
+            Op::Array(n, a) => {
+                let (va, ma) = pick(regs, *a);
+                let g = s.array(*n as usize, va);
+                let mut m = model.lock().unwrap();
+                m.objs.push((true, vec![ma; *n as usize]));
+                regs.push((Val::Obj(g), MVal::Obj(m.objs.len() - 1)));
+            }
+            Op::Set(a, i, v) => {
+                let (va, ma) = pick(regs, *a);
+                let (vv, mv) = pick(regs, *v);
+                if let (Val::Obj(g), MVal::Obj(id)) = (va, ma) {
+                    let mut m = model.lock().unwrap();
+                    let len = m.objs[id].1.len();
+                    let f = *i as usize % len;
+                    // Only a value the sibling cannot see may go into an
+                    // ancestor's array (else the sibling could read it: that
+                    // is entanglement, tested separately).
+                    if m.objs[id].0 && allowed(&m, id, f, own_from) {
+                        m.objs[id].1[f] = mv;
+                        drop(m);
+                        s.set(g, f, vv);
+                    }
+                }
+            }
+            Op::Get(a, i) => {
+                let (va, ma) = pick(regs, *a);
+                if let (Val::Obj(g), MVal::Obj(id)) = (va, ma) {
+                    let m = model.lock().unwrap();
+                    let len = m.objs[id].1.len();
+                    let f = *i as usize % len;
+                    if allowed(&m, id, f, own_from) || !m.objs[id].0 {
+                        let mv = m.objs[id].1[f];
+                        drop(m);
+                        let v = s.get(g, f);
+                        regs.push((v, mv));
+                    }
+                }
+            }
+            Op::Collect => s.collect(),
+            Op::Fork(l, r) => {
+                let parent_regs: &Vec<(Val<'s>, MVal)> = regs;
+                // Children start from the parent's registers; their new
+                // objects are numbered from here on in the model.
+                let start = model.lock().unwrap().objs.len();
+                let ((va, ma), (vb, mb)) = {
+                    let ms = std::sync::Mutex::new((MVal::Int(0), MVal::Int(0)));
+                    let (va, vb) = s.par_val(
+                        |s| {
+                            let (v, m) = run_child(s, parent_regs, model, l, 0, start);
+                            ms.lock().unwrap().0 = m;
+                            v
+                        },
+                        |s| {
+                            let (v, m) = run_child(s, parent_regs, model, r, 1, start);
+                            ms.lock().unwrap().1 = m;
+                            v
+                        },
+                    );
+                    let (ma, mb) = *ms.lock().unwrap();
+                    ((va, ma), (vb, mb))
+                };
+                regs.push((va, ma));
+                regs.push((vb, mb));
+            }
+        }
+        if regs.len() > 64 {
+            regs.drain(..regs.len() - 64);
+        }
+    }
+}
+
+fn run_child<'c>(
+    s: &mut Scope<'c>,
+    parent_regs: &[(Val<'_>, MVal)],
+    model: &std::sync::Mutex<Model>,
+    ops: &[Op],
+    p: u8,
+    start: usize,
+) -> (Val<'c>, MVal) {
+    let mut r: Vec<_> = parent_regs.iter().map(|&(v, m)| (s.rebind_val(v), m)).collect();
+    exec(s, model, ops, &mut r, Some((p, start)));
+    *r.last().unwrap()
+}
+
+/// Compare the managed graph reachable from `v` with the model's from `m`.
+fn same(s: &mut Scope<'_>, v: Val<'_>, m: MVal, model: &Model, seen: &mut HashMap<usize, u64>) -> Result<(), String> {
+    match (v, m) {
+        (Val::Int(a), MVal::Int(b)) if a == b => Ok(()),
+        (Val::Obj(g), MVal::Obj(id)) => {
+            let w = g.word();
+            if let Some(&prev) = seen.get(&id) {
+                return if prev == w { Ok(()) } else { Err(format!("model object {id} is two managed objects")) };
+            }
+            seen.insert(id, w);
+            let (mutable, fields) = &model.objs[id];
+            let kind = s.kind(g);
+            if kind.is_mutable() != *mutable || s.len(g) != fields.len() {
+                return Err(format!("object {id}: kind {kind:?} len {} vs model {mutable} {}", s.len(g), fields.len()));
+            }
+            for (i, &mf) in fields.iter().enumerate() {
+                s.scope(|s| {
+                    let fv = s.get(g, i);
+                    same(s, fv, mf, model, seen)
+                })?;
+            }
+            Ok(())
+        }
+        (a, b) => Err(format!("{a:?} vs {b:?}")),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+    #[test]
+    fn random_graphs_across_forks_match_the_model(ops in prop::collection::vec(op_strategy(), 1..80)) {
+        setup();
+        let model = std::sync::Mutex::new(Model::default());
+        let res = run(|s| {
+            let mut regs = vec![(Val::Int(0), MVal::Int(0))];
+            exec(s, &model, &ops, &mut regs, None);
+            s.collect();
+            let m = model.lock().unwrap();
+            let mut seen = HashMap::new();
+            for &(v, mv) in regs.iter() {
+                same(s, v, mv, &m, &mut seen)?;
+            }
+            s.verify()
+        });
+        prop_assert!(res.is_ok(), "{:?}", res);
+    }
+}
