@@ -28,7 +28,16 @@
 //!     let list = list.as_obj().unwrap();
 //!     // Two children read the same list; the parent's handles are theirs too.
 //!     let (a, b) = s.par(
-//!         |s| { let mut n = 0; let mut l = Val::Obj(list); while let Val::Obj(c) = l { n += s.get_int(c, 0); l = s.get(c, 1); } n },
+//!         |s| {
+//!             // A parent's handle is re-rooted here to sit beside this
+//!             // scope's own handles.
+//!             let (mut n, mut l) = (0, Val::Obj(s.rebind(list)));
+//!             while let Val::Obj(c) = l {
+//!                 n += s.get_int(c, 0);
+//!                 l = s.get(c, 1);
+//!             }
+//!             n
+//!         },
 //!         |s| s.len(list),
 //!     );
 //!     a + b as i64
