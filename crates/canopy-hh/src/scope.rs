@@ -193,7 +193,7 @@ unboxed! {
 ///
 /// ```compile_fail
 /// canopy_hh::run(|s| {
-///     s.par(|_a| s.tuple(&[]), |_b| ()); // error: `Scope` is not `Sync`
+///     s.par(|_a| { s.tuple(&[]); }, |_b| ()); // error: `Scope` cannot be shared with a child
 /// });
 /// ```
 pub struct Scope<'s> {
