@@ -151,6 +151,7 @@ pub(crate) fn collect(task: &mut Task) {
     let t0 = Instant::now();
     task.in_gc = true;
     task.flush_bump();
+    let me = task.heap();
     let id = GC_ID.fetch_add(1, Ordering::Relaxed);
     let from = task.head;
     let mut from_bytes = 0usize;
@@ -178,8 +179,9 @@ pub(crate) fn collect(task: &mut Task) {
     let mut entries = std::mem::take(&mut cx.task.remset);
     {
         // SAFETY: our record is live.
-        let shared = unsafe { &(*cx.task.heap).shared_remset };
-        entries.append(&mut shared.lock().unwrap_or_else(|e| e.into_inner()));
+        let rec = unsafe { &*cx.task.heap() };
+        entries.append(&mut rec.shared_remset.lock().unwrap_or_else(|e| e.into_inner()));
+        rec.shared_pending.store(false, Ordering::Relaxed);
     }
     let mut keep: Vec<RemEntry> = Vec::with_capacity(entries.len());
     for e in entries {
@@ -212,9 +214,9 @@ pub(crate) fn collect(task: &mut Task) {
             // SAFETY: a surviving large chunk: re-home it to our record.
             unsafe {
                 let old = (*c).heap.load(Ordering::Relaxed);
-                if old != task.heap {
-                    HeapRecord::add_ref(task.heap);
-                    (*c).heap.store(task.heap, Ordering::Release);
+                if old != me {
+                    HeapRecord::add_ref(me);
+                    (*c).heap.store(me, Ordering::Release);
                     HeapRecord::unref(old);
                 }
                 (*c).next = task.head;
@@ -248,7 +250,7 @@ pub(crate) fn collect(task: &mut Task) {
     task.stats.gc_nanos += t0.elapsed().as_nanos() as u64;
     if crate::config::config().verify {
         if let Err(e) = verify(task) {
-            panic!("canopy-hh: heap verifier failed after collection {id} of {}: {e}", heap::task_name(task.heap));
+            panic!("canopy-hh: heap verifier failed after collection {id} of {}: {e}", heap::task_name(me));
         }
     }
 }
@@ -268,13 +270,14 @@ fn check_value(task: &Task, w: u64, what: &dyn Fn() -> String) -> Result<(), Str
     let Some(h) = heap::heap_of(w.0) else {
         return Err(format!("{}: pointer {:#x} is not in a live chunk", what(), w.0));
     };
-    if !heap::is_ancestor_or_self(h, task.heap) {
+    let me = task.heap_if_any();
+    if me.is_null() || !heap::is_ancestor_or_self(h, me) {
         return Err(format!(
             "{}: pointer {:#x} is in the heap of {}, which is not an ancestor of {}",
             what(),
             w.0,
             heap::task_name(h),
-            heap::task_name(task.heap)
+            if me.is_null() { "a task without a heap".to_string() } else { heap::task_name(me) }
         ));
     }
     let hv = header_at(w.0).load(Ordering::Relaxed);
@@ -285,7 +288,7 @@ fn check_value(task: &Task, w: u64, what: &dyn Fn() -> String) -> Result<(), Str
     if (w.0 as usize) < start {
         return Err(format!("{}: pointer {:#x} points into its chunk's header", what(), w.0));
     }
-    if h == task.heap && w.0 as usize + object::object_words(hv) * 8 > top {
+    if h == me && w.0 as usize + object::object_words(hv) * 8 > top {
         return Err(format!("{}: target {:#x} lies beyond its chunk's allocated range", what(), w.0));
     }
     Ok(())
@@ -295,6 +298,7 @@ fn check_value(task: &Task, w: u64, what: &dyn Fn() -> String) -> Result<(), Str
 /// objects, in this heap or an ancestor's, with well-formed headers.
 pub(crate) fn verify(task: &mut Task) -> Result<(), String> {
     task.flush_bump();
+    task.heap();
     let mut c = task.head;
     let mut objects = 0usize;
     while !c.is_null() {

@@ -18,7 +18,7 @@
 
 use std::cell::RefCell;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// A remembered-set entry: field `index` of the object at `obj` (which lives in
@@ -42,13 +42,19 @@ pub(crate) struct HeapRecord {
     /// Remembered-set entries pushed by descendant tasks (a descendant writes a
     /// pointer to this heap's object into an object of an older heap).
     pub(crate) shared_remset: Mutex<Vec<RemEntry>>,
+    /// Set (under the lock) when `shared_remset` got an entry, so the join
+    /// takes the lock only when there is something to take.
+    pub(crate) shared_pending: AtomicBool,
 }
 
 static NEXT_TASK_ID: AtomicU64 = AtomicU64::new(1);
 static POOL: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 static LIVE_RECORDS: AtomicUsize = AtomicUsize::new(0);
 
+const ID_BLOCK: u64 = 1024;
+
 thread_local! {
+    static IDS: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
     static CACHE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -64,6 +70,7 @@ impl HeapRecord {
             side: AtomicU32::new(2),
             refs: AtomicUsize::new(0),
             shared_remset: Mutex::new(Vec::new()),
+            shared_pending: AtomicBool::new(false),
         }))
     }
 
@@ -95,9 +102,20 @@ impl HeapRecord {
         r
     }
 
-    /// Ids for two new tasks.
-    pub(crate) fn next_task_ids() -> u64 {
-        NEXT_TASK_ID.fetch_add(2, Ordering::Relaxed)
+    /// A fresh task id (ids are taken from the global counter in blocks, so
+    /// making records does not contend on it).
+    pub(crate) fn next_task_id() -> u64 {
+        IDS.with(|c| {
+            let (next, end) = c.get();
+            let (next, end) = if next == end {
+                let b = NEXT_TASK_ID.fetch_add(ID_BLOCK, Ordering::Relaxed);
+                (b, b + ID_BLOCK)
+            } else {
+                (next, end)
+            };
+            c.set((next + 1, end));
+            next
+        })
     }
 
     /// # Safety

@@ -1,7 +1,7 @@
 //! The mutator interface: scopes, rooted handles and the barriers.
 
 use crate::gc::{field_at, header_at};
-use crate::heap::{self, HeapRecord, RemEntry};
+use crate::heap::{self, RemEntry};
 use crate::object::{self, Kind, Word, FRONTIER};
 use crate::stats::Stats;
 use crate::task::Task;
@@ -218,8 +218,7 @@ pub fn run_with_stats<R>(f: impl for<'s> FnOnce(&mut Scope<'s>) -> R) -> (R, Sta
         "canopy-hh: run() called inside a task; fork with Scope::par instead"
     );
     let _on = OnThread::enter();
-    let id = HeapRecord::next_task_ids();
-    let mut task = Task::new(HeapRecord::new_task(std::ptr::null_mut(), 2, id));
+    let mut task = Task::new(std::ptr::null_mut(), 2);
     let r = {
         let mut s = Scope::new(&mut task);
         f(&mut s)
@@ -262,7 +261,7 @@ impl<'s> Scope<'s> {
 
     #[cold]
     fn check_reachable(&self, o: u64) {
-        let me = self.task().heap;
+        let me = self.task().heap();
         match heap::heap_of(o) {
             Some(h) if heap::is_ancestor_or_self(h, me) => {}
             Some(h) => panic!(
@@ -524,7 +523,7 @@ impl<'s> Scope<'s> {
             matches!(kind, Kind::Array | Kind::RawMut),
             "canopy-hh: freeze of a {kind:?}; only Array and RawMut can be frozen"
         );
-        assert!(self.owns(o), "canopy-hh: freeze of an object outside this task's own heap ({})", heap::task_name(self.task().heap));
+        assert!(self.owns(o), "canopy-hh: freeze of an object outside this task's own heap ({})", heap::task_name(self.task().heap()));
         let nh = object::with_kind(h & !FRONTIER, kind.frozen());
         header_at(o).store(nh, Ordering::Relaxed);
     }
@@ -532,7 +531,8 @@ impl<'s> Scope<'s> {
     // ---- reads and writes ---------------------------------------------------
 
     fn owns(&self, o: u64) -> bool {
-        heap::heap_of(o) == Some(self.task().heap)
+        let me = self.task().heap_if_any();
+        !me.is_null() && heap::heap_of(o) == Some(me)
     }
 
     /// The kind of an object.
@@ -605,7 +605,7 @@ impl<'s> Scope<'s> {
     fn entanglement_check(&self, o: u64, w: u64) {
         let t = self.task();
         t.stats.frontier_checks += 1;
-        let me = t.heap;
+        let me = t.heap();
         match heap::heap_of(w) {
             Some(h) if heap::is_ancestor_or_self(h, me) => {}
             found => {
@@ -643,7 +643,7 @@ impl<'s> Scope<'s> {
     #[cold]
     fn write_barrier(&self, o: u64, h: u64, i: usize, w: u64) {
         let t = self.task();
-        let me = t.heap;
+        let me = t.heap();
         let (Some(ho), Some(hw)) = (heap::heap_of(o), heap::heap_of(w)) else {
             panic!("canopy-hh: set: object {o:#x} or value {w:#x} is not in a live heap ({})", heap::task_name(me));
         };
@@ -669,8 +669,10 @@ impl<'s> Scope<'s> {
             t.remset.push(e);
         } else {
             // SAFETY: hw is an ancestor of this task, so live (suspended).
-            let shared = unsafe { &(*hw).shared_remset };
-            shared.lock().unwrap_or_else(|e| e.into_inner()).push(e);
+            let rec = unsafe { &*hw };
+            let mut v = rec.shared_remset.lock().unwrap_or_else(|e| e.into_inner());
+            v.push(e);
+            rec.shared_pending.store(true, Ordering::Release);
         }
         t.stats.remset_entries += 1;
         if h & FRONTIER == 0 {
@@ -688,7 +690,7 @@ impl<'s> Scope<'s> {
             panic!(
                 "canopy-hh: raw_slice of a mutable raw array of another task's heap ({}); other tasks may write it: \
                  use raw_get, or freeze it first",
-                heap::task_name(self.task().heap)
+                heap::task_name(self.task().heap())
             );
         }
         // SAFETY: the payload is 8-aligned and holds `len` bytes; it does not
@@ -706,7 +708,7 @@ impl<'s> Scope<'s> {
         assert!(
             self.owns(o),
             "canopy-hh: raw_mut of an array outside this task's own heap ({}); use raw_set",
-            heap::task_name(self.task().heap)
+            heap::task_name(self.task().heap())
         );
         // SAFETY: as raw_slice; `&mut self` excludes every other view in this
         // task, and other tasks reach this heap's objects only after it joins.
@@ -769,6 +771,6 @@ impl<'s> Scope<'s> {
     /// Depth of this task in the task tree (the root task is 0).
     pub fn depth(&self) -> u32 {
         // SAFETY: our record is live.
-        unsafe { (*self.task().heap).depth.load(Ordering::Relaxed) }
+        unsafe { (*self.task().heap()).depth.load(Ordering::Relaxed) }
     }
 }

@@ -70,7 +70,11 @@ impl RootStack {
 /// the task runs; a suspended parent's state is read (never written) by its
 /// children through handles.
 pub(crate) struct Task {
-    pub(crate) heap: *mut HeapRecord,
+    /// The task's heap record, made on first need (a task that never
+    /// allocates, forks or checks a barrier never gets one).
+    heap: *mut HeapRecord,
+    parent_heap: *mut HeapRecord,
+    side: u32,
     /// Chunk list: large chunks and spliced children's chunks go to the front,
     /// the bump chunk is always the last.
     pub(crate) head: *mut Chunk,
@@ -94,9 +98,11 @@ pub(crate) struct Task {
 unsafe impl Send for Task {}
 
 impl Task {
-    pub(crate) fn new(heap: *mut HeapRecord) -> Task {
+    pub(crate) fn new(parent_heap: *mut HeapRecord, side: u32) -> Task {
         Task {
-            heap,
+            heap: ptr::null_mut(),
+            parent_heap,
+            side,
             head: ptr::null_mut(),
             tail: ptr::null_mut(),
             cur: 0,
@@ -108,6 +114,21 @@ impl Task {
             stats: Stats::default(),
             in_gc: false,
         }
+    }
+
+    /// The task's heap record, made now if it has none yet.
+    #[inline]
+    pub(crate) fn heap(&mut self) -> *mut HeapRecord {
+        if self.heap.is_null() {
+            self.heap = HeapRecord::new_task(self.parent_heap, self.side, HeapRecord::next_task_id());
+        }
+        self.heap
+    }
+
+    /// The heap record if the task has one (null otherwise).
+    #[inline]
+    pub(crate) fn heap_if_any(&self) -> *mut HeapRecord {
+        self.heap
     }
 
     /// Record the bump position in the bump chunk's header.
@@ -147,7 +168,7 @@ impl Task {
             return p as *mut u64;
         }
         let large = bytes > cfg.chunk_bytes / 4;
-        let c = chunk::new_chunk(self.heap, words, large);
+        let c = chunk::new_chunk(self.heap(), words, large);
         self.stats.chunks += 1;
         let cb = chunk::chunk_bytes(c);
         self.bytes += cb;
@@ -187,7 +208,7 @@ impl Task {
     }
 
     /// Splice a finished child's heap into this one: O(1) in the heap's size.
-    pub(crate) fn absorb(&mut self, mut child: Task) {
+    pub(crate) fn absorb(&mut self, child: &mut Task) {
         child.flush_bump();
         if !child.head.is_null() {
             // Child chunks go in front, so our bump chunk stays last.
@@ -210,17 +231,22 @@ impl Task {
         } else {
             self.remset.append(&mut child.remset);
         }
-        // Entries descendants pushed into the child's shared set.
-        // SAFETY: the child's record is live until merged below.
-        {
-            let shared = unsafe { &(*child.heap).shared_remset };
-            let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
-            self.remset.append(&mut s);
-        }
         self.stats.add(&child.stats);
         self.stats.peak_heap_bytes = self.stats.peak_heap_bytes.max(self.bytes as u64);
+        if child.heap.is_null() {
+            return; // no record: the child allocated nothing and never forked
+        }
+        // Entries descendants pushed into the child's shared set.
+        // SAFETY: the child's record is live until merged below.
+        let child_rec = unsafe { &*child.heap };
+        if child_rec.shared_pending.load(std::sync::atomic::Ordering::Acquire) {
+            let mut s = child_rec.shared_remset.lock().unwrap_or_else(|e| e.into_inner());
+            self.remset.append(&mut s);
+            child_rec.shared_pending.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+        let me = self.heap();
         // SAFETY: the child task has finished; this task joins it.
-        unsafe { HeapRecord::merge(child.heap, self.heap) };
+        unsafe { HeapRecord::merge(child.heap, me) };
         child.heap = ptr::null_mut();
         child.head = ptr::null_mut();
         child.tail = ptr::null_mut();
@@ -233,9 +259,9 @@ impl Task {
         g: impl FnOnce(&mut Task) -> RB + Send,
     ) -> (RA, RB) {
         self.flush_bump();
-        let id = HeapRecord::next_task_ids();
-        let mut a = Task::new(HeapRecord::new_task(self.heap, 0, id));
-        let mut b = Task::new(HeapRecord::new_task(self.heap, 1, id + 1));
+        let me = self.heap();
+        let mut a = Task::new(me, 0);
+        let mut b = Task::new(me, 1);
         let joined = {
             let (pa, pb) = (&mut a, &mut b);
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || rayon_core::join(move || f(pa), move || g(pb))))
@@ -244,8 +270,8 @@ impl Task {
         // into their heaps (remembered-set entries), so their chunks must
         // outlive the unwinding.
         self.stats.forks += 2;
-        self.absorb(a);
-        self.absorb(b);
+        self.absorb(&mut a);
+        self.absorb(&mut b);
         match joined {
             Ok(r) => r,
             Err(payload) => std::panic::resume_unwind(payload),
@@ -269,8 +295,9 @@ impl Drop for Task {
             c = next;
         }
         // SAFETY: our record is live until the unref below.
-        let shared = unsafe { &(*self.heap).shared_remset };
-        shared.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let rec = unsafe { &*self.heap };
+        rec.shared_remset.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        rec.shared_pending.store(false, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the task held one reference to its record.
         unsafe { HeapRecord::unref(self.heap) };
         self.heap = ptr::null_mut();

@@ -365,26 +365,29 @@ struct Model {
 }
 
 /// Run `ops` on the managed heap and the model side by side. `regs` are the
-/// task's registers (managed, model); `parity` restricts which fields of
-/// arrays owned by ancestors this task may touch (siblings use disjoint
-/// fields, so the outcome does not depend on the schedule), and `own_from`
-/// is the first model id this task allocated.
+/// task's registers (managed, model). `parity = Some((m, r, own_from))`
+/// restricts which fields of mutable arrays made before this task started
+/// (model ids below `own_from`) it may touch: those with `field % m == r`.
+/// A child of a task with `(m, r)` gets `(2m, r)` or `(2m, r + m)`, so
+/// concurrent tasks never touch the same field and the outcome does not
+/// depend on the schedule.
 fn exec<'s>(
     s: &mut Scope<'s>,
     model: &std::sync::Mutex<Model>,
     ops: &[Op],
     regs: &mut Vec<(Val<'s>, MVal)>,
-    parity: Option<(u8, usize)>,
+    parity: Option<(usize, usize, usize)>,
 ) {
     let pick = |regs: &Vec<(Val<'s>, MVal)>, i: usize| regs[i % regs.len()];
     let allowed = |model: &Model, id: usize, field: usize, own_from: usize| -> bool {
         match parity {
             None => true,
-            Some((p, _)) if id < own_from => field % 2 == p as usize && model.objs[id].0,
+            Some((m, r, _)) if id < own_from => field % m == r && model.objs[id].0,
             Some(_) => true,
         }
     };
-    let own_from = parity.map(|p| p.1).unwrap_or(0);
+    let own_from = parity.map(|p| p.2).unwrap_or(0);
+    let (m, r) = parity.map(|p| (p.0, p.1)).unwrap_or((1, 0));
     for op in ops {
         match op {
             Op::Int(i) => regs.push((Val::Int(*i), MVal::Int(*i))),
@@ -435,7 +438,7 @@ fn exec<'s>(
                 }
             }
             Op::Collect => s.collect(),
-            Op::Fork(l, r) => {
+            Op::Fork(l, rops) => {
                 let parent_regs: &Vec<(Val<'s>, MVal)> = regs;
                 // Children start from the parent's registers; their new
                 // objects are numbered from here on in the model.
@@ -444,13 +447,13 @@ fn exec<'s>(
                     let ms = std::sync::Mutex::new((MVal::Int(0), MVal::Int(0)));
                     let (va, vb) = s.par_val(
                         |s| {
-                            let (v, m) = run_child(s, parent_regs, model, l, 0, start);
-                            ms.lock().unwrap().0 = m;
+                            let (v, mv) = run_child(s, parent_regs, model, l, (2 * m, r, start));
+                            ms.lock().unwrap().0 = mv;
                             v
                         },
                         |s| {
-                            let (v, m) = run_child(s, parent_regs, model, r, 1, start);
-                            ms.lock().unwrap().1 = m;
+                            let (v, mv) = run_child(s, parent_regs, model, rops, (2 * m, r + m, start));
+                            ms.lock().unwrap().1 = mv;
                             v
                         },
                     );
@@ -472,11 +475,10 @@ fn run_child<'c>(
     parent_regs: &[(Val<'_>, MVal)],
     model: &std::sync::Mutex<Model>,
     ops: &[Op],
-    p: u8,
-    start: usize,
+    parity: (usize, usize, usize),
 ) -> (Val<'c>, MVal) {
     let mut r: Vec<_> = parent_regs.iter().map(|&(v, m)| (s.rebind_val(v), m)).collect();
-    exec(s, model, ops, &mut r, Some((p, start)));
+    exec(s, model, ops, &mut r, Some(parity));
     *r.last().unwrap()
 }
 
