@@ -510,7 +510,10 @@ fn same(s: &mut Scope<'_>, v: Val<'_>, m: MVal, model: &Model, seen: &mut HashMa
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("CANOPY_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+        .. ProptestConfig::default()
+    })]
     #[test]
     fn random_graphs_across_forks_match_the_model(ops in prop::collection::vec(op_strategy(), 1..80)) {
         setup();

@@ -1,0 +1,163 @@
+//! Stress runs of deep and wide fork trees with allocation, down-pointers and
+//! collections at random points, on an oversubscribed pool, with the heap
+//! verifier on. Not a benchmark. `CANOPY_STRESS_SCALE` multiplies the work
+//! (default 1: the CI setting; the release setting uses 20).
+
+use canopy_hh::{run_with_stats, set_config, Config, Gc, Scope, Val};
+
+fn scale() -> u64 {
+    std::env::var("CANOPY_STRESS_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1)
+}
+
+fn setup() -> rayon_core::ThreadPool {
+    let _ = set_config(Config { chunk_bytes: 8 << 10, gc_min_bytes: 16 << 10, gc_ratio: 0.5, verify: true, gc: true });
+    rayon_core::ThreadPoolBuilder::new().num_threads(4).stack_size(64 << 20).build().unwrap()
+}
+
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+fn build_list<'s>(s: &mut Scope<'s>, n: u64, tag: i64) -> Gc<'s> {
+    let mut l = Val::Int(0);
+    for i in 0..n {
+        l = Val::Obj(s.scope_keep(|s| s.tuple(&[Val::Int(tag + i as i64), l])));
+    }
+    s.scope_keep(|s| s.tuple(&[Val::Int(-1), l]))
+}
+
+fn list_total(s: &mut Scope<'_>, l: Gc<'_>) -> i64 {
+    s.scope(|s| {
+        let mut t = 0;
+        let mut cur = s.get(l, 1);
+        while let Val::Obj(c) = cur {
+            t += s.get_int(c, 0);
+            cur = s.get(c, 1);
+        }
+        t
+    })
+}
+
+fn expect(n: u64, tag: i64) -> i64 {
+    (0..n as i64).map(|i| tag + i).sum()
+}
+
+/// A random task: builds a list, maybe forks two children that write their
+/// lists into a fresh array of this task (down-pointers), makes garbage,
+/// collects sometimes, and checks everything it can see. Returns the sum of
+/// all list totals in its subtree.
+fn task(s: &mut Scope<'_>, seed: u64, depth: u32) -> i64 {
+    let mut rng = seed | 1;
+    let n = next(&mut rng) % 300;
+    let tag = (seed % 1000) as i64;
+    let mine = build_list(s, n, tag);
+    let mut total = expect(n, tag);
+    if depth > 0 && next(&mut rng) % 4 != 0 {
+        let slots = s.array(2, Val::Int(0));
+        let (sa, sb) = (next(&mut rng), next(&mut rng));
+        let (ta, tb) = s.par(
+            |s| {
+                let t = task(s, sa, depth - 1);
+                let l = build_list(s, 50, 7);
+                s.set(slots, 0, Val::Obj(l));
+                t
+            },
+            |s| {
+                let t = task(s, sb, depth - 1);
+                let l = build_list(s, 60, 9);
+                s.set(slots, 1, Val::Obj(l));
+                t
+            },
+        );
+        total += ta + tb;
+        for (i, (len, tag)) in [(50, 7), (60, 9)].into_iter().enumerate() {
+            let l = s.get(slots, i).as_obj().unwrap();
+            assert_eq!(list_total(s, l), expect(len, tag));
+        }
+    }
+    for _ in 0..next(&mut rng) % 4 {
+        s.scope(|s| {
+            build_list(s, 500, 0);
+        });
+        if next(&mut rng) % 3 == 0 {
+            s.collect();
+        }
+    }
+    assert_eq!(list_total(s, mine), expect(n, tag));
+    total
+}
+
+fn model_total(seed: u64, depth: u32) -> i64 {
+    let mut rng = seed | 1;
+    let n = next(&mut rng) % 300;
+    let tag = (seed % 1000) as i64;
+    let mut total = expect(n, tag);
+    if depth > 0 && next(&mut rng) % 4 != 0 {
+        let (sa, sb) = (next(&mut rng), next(&mut rng));
+        total += model_total(sa, depth - 1) + model_total(sb, depth - 1);
+    }
+    total
+}
+
+#[test]
+fn random_fork_trees_with_collections() {
+    let pool = setup();
+    let (mut forks, mut collections) = (0, 0);
+    for round in 0..4 * scale() {
+        let seed = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(round + 1);
+        let (got, st) = pool.install(|| run_with_stats(|s| task(s, seed, 9)));
+        assert_eq!(got, model_total(seed, 9), "round {round}");
+        forks += st.forks;
+        collections += st.collections;
+    }
+    assert!(forks > 100 && collections > 10, "forks {forks}, collections {collections}");
+}
+
+#[test]
+fn a_deep_fork_chain_allocating_at_every_level() {
+    let pool = setup();
+    fn chain(s: &mut Scope<'_>, d: u32) -> i64 {
+        let mine = s.tuple(&[Val::Int(d as i64)]);
+        if d == 0 {
+            return 0;
+        }
+        let (a, b) = s.par(
+            |s| chain(s, d - 1),
+            |s| {
+                let t = s.tuple(&[Val::Int(1)]);
+                s.len(t) as i64
+            },
+        );
+        a + b + s.get_int(mine, 0) - d as i64
+    }
+    let depth = 3_000 * scale().min(4) as u32;
+    let (r, st) = pool.install(|| run_with_stats(|s| chain(s, depth)));
+    assert_eq!(r, depth as i64);
+    assert_eq!(st.forks, 2 * depth as u64);
+}
+
+#[test]
+fn a_wide_parallel_loop_filling_an_ancestor_array() {
+    let pool = setup();
+    let n = 100_000 * scale() as usize;
+    let ok = pool.install(|| {
+        canopy_hh::run(|s| {
+            let out = s.array(n, Val::Int(0));
+            s.par_for(0..n, 64, |s, i| {
+                let t = s.tuple(&[Val::Int(i as i64), Val::Int(2 * i as i64)]);
+                s.set(out, i, Val::Obj(t));
+            });
+            s.collect();
+            (0..n).all(|i| {
+                s.scope(|s| {
+                    let t = s.get(out, i).as_obj().unwrap();
+                    s.get_int(t, 0) == i as i64 && s.get_int(t, 1) == 2 * i as i64
+                })
+            })
+        })
+    });
+    assert!(ok);
+}
