@@ -76,13 +76,65 @@ impl Chunk {
     }
 }
 
+/// Free standard-size chunks kept for reuse, so a collection's from-space
+/// becomes the next chunks without a trip through the OS (page faults and
+/// zeroing). A thread keeps up to `LOCAL_KEEP` chunks; beyond that they go to
+/// a shared pool of up to `SHARED_KEEP`, and beyond that back to canopy-alloc.
+const LOCAL_KEEP: usize = 64;
+const SHARED_KEEP: usize = 1024;
+static SHARED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+thread_local! {
+    static LOCAL: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn take_pooled() -> Option<usize> {
+    if let Some(c) = LOCAL.try_with(|l| l.borrow_mut().pop()).ok().flatten() {
+        return Some(c);
+    }
+    let mut g = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    let c = g.pop()?;
+    // Take a few more for this thread while the lock is held.
+    let n = g.len().min(LOCAL_KEEP / 4);
+    let from = g.len() - n;
+    let more: Vec<usize> = g.drain(from..).collect();
+    drop(g);
+    let _ = LOCAL.try_with(|l| l.borrow_mut().extend(more));
+    Some(c)
+}
+
+/// Keep a freed standard chunk; false if the pools are full.
+fn keep_pooled(c: usize) -> bool {
+    let kept = LOCAL
+        .try_with(|l| {
+            let mut l = l.borrow_mut();
+            if l.len() < LOCAL_KEEP {
+                l.push(c);
+                true
+            } else {
+                false
+            }
+        })
+        .unwrap_or(false);
+    if kept {
+        return true;
+    }
+    let mut g = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if g.len() < SHARED_KEEP {
+        g.push(c);
+        true
+    } else {
+        false
+    }
+}
+
 /// Allocate a chunk for `heap` with room for `words` words of objects.
 /// Returns the chunk and whether it is a large chunk.
 pub(crate) fn new_chunk(heap: *mut HeapRecord, words: usize, large: bool) -> *mut Chunk {
     let size = crate::config::config().chunk_bytes;
     let need = HEADER_BYTES + words * 8;
     let bytes = if large { need.div_ceil(size) * size } else { size };
-    let p = canopy_alloc::alloc_aligned(bytes, size) as *mut Chunk;
+    let pooled = if large { None } else { take_pooled() };
+    let p = pooled.unwrap_or_else(|| canopy_alloc::alloc_aligned(bytes, size) as usize) as *mut Chunk;
     if p.is_null() {
         panic!("canopy-hh: out of memory: could not get a {bytes}-byte chunk from canopy-alloc");
     }
@@ -113,9 +165,13 @@ pub(crate) unsafe fn free_chunk(c: *mut Chunk) {
     // SAFETY: c is live (caller).
     let heap = unsafe { (*c).heap.load(Ordering::Relaxed) };
     // SAFETY: as above.
+    let large = unsafe { (*c).large };
+    // SAFETY: as above.
     unsafe { (*c).magic.store(0, Ordering::Release) };
-    // SAFETY: c came from canopy_alloc::alloc_aligned.
-    unsafe { canopy_alloc::free(c as *mut u8) };
+    if large || !keep_pooled(c as usize) {
+        // SAFETY: c came from canopy_alloc::alloc_aligned.
+        unsafe { canopy_alloc::free(c as *mut u8) };
+    }
     // SAFETY: the chunk held one reference.
     unsafe { HeapRecord::unref(heap) };
 }
