@@ -83,8 +83,40 @@ impl Chunk {
 const LOCAL_KEEP: usize = 64;
 const SHARED_KEEP: usize = 1024;
 static SHARED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+/// A thread's chunks; at thread exit they go to the shared pool or back to
+/// canopy-alloc, so short-lived threads leak nothing.
+struct LocalPool(Vec<usize>);
+
+impl Drop for LocalPool {
+    fn drop(&mut self) {
+        let mut g = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        for c in self.0.drain(..) {
+            if g.len() < SHARED_KEEP {
+                g.push(c);
+            } else {
+                // SAFETY: pooled chunks came from canopy_alloc::alloc_aligned
+                // and nothing refers to them.
+                unsafe { canopy_alloc::free(c as *mut u8) };
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for LocalPool {
+    type Target = Vec<usize>;
+    fn deref(&self) -> &Vec<usize> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for LocalPool {
+    fn deref_mut(&mut self) -> &mut Vec<usize> {
+        &mut self.0
+    }
+}
+
 thread_local! {
-    static LOCAL: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+    static LOCAL: std::cell::RefCell<LocalPool> = const { std::cell::RefCell::new(LocalPool(Vec::new())) };
 }
 
 fn take_pooled() -> Option<usize> {
