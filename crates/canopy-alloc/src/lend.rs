@@ -108,6 +108,6 @@ pub unsafe fn return_pages(p: NonNull<u8>, pages: usize) -> Result<(), LendError
         }
     };
     solo::unlock(locked);
-    debug_assert!(UNIT * PAGE_UNITS == PAGE);
+    const { assert!(UNIT * PAGE_UNITS == PAGE) };
     r
 }

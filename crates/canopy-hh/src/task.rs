@@ -10,6 +10,8 @@ const ROOT_BLOCK: usize = 256;
 
 /// The handle slots of a task: a stack of fixed blocks, so a slot never moves.
 pub(crate) struct RootStack {
+    // Boxed so a slot never moves when the Vec grows: handles point at slots.
+    #[allow(clippy::vec_box)]
     blocks: Vec<Box<[u64; ROOT_BLOCK]>>,
     top: usize,
 }
