@@ -9,7 +9,7 @@
 //! ```text
 //!  63                        16 15      8  7   6   5   4   3  1   0
 //! +----------------------------+---------+---+---+---+---+-----+---+
-//! |  length (48 bits)          | expdepth| - | M | F | P | kind| 0 |
+//! |  length (48 bits)          | expdepth| B | M | F | P | kind| 0 |
 //! +----------------------------+---------+---+---+---+---+-----+---+
 //! ```
 //!
@@ -20,7 +20,9 @@
 //!   a mutable object receives a pointer into another heap, so the read barrier
 //!   checks only such objects. `P`, `M` and the exp-depth byte are reserved for
 //!   entanglement management (pinning and the hybrid collector, part 2); this
-//!   part never sets them, and the verifier checks they are clear.
+//!   part never sets them, and the verifier checks they are clear. `B` (busy)
+//!   marks a mutable raw array that `Scope::par_fill` has handed out in
+//!   disjoint `&mut` pieces; every other access to it panics meanwhile.
 //! * `length` counts fields for the value kinds and bytes for the raw kinds.
 
 /// Bit 0 of a header: the word is a forwarding pointer.
@@ -30,6 +32,7 @@ const KIND_MASK: u64 = 0b111 << KIND_SHIFT;
 pub(crate) const PINNED: u64 = 1 << 4;
 pub(crate) const FRONTIER: u64 = 1 << 5;
 pub(crate) const MARK: u64 = 1 << 6;
+pub(crate) const BUSY: u64 = 1 << 7;
 pub(crate) const EXP_DEPTH_SHIFT: u32 = 8;
 pub(crate) const EXP_DEPTH_MASK: u64 = 0xff << EXP_DEPTH_SHIFT;
 const LEN_SHIFT: u32 = 16;
@@ -132,7 +135,10 @@ pub(crate) fn check_header(h: u64) -> Result<Kind, String> {
     }
     let kind = Kind::from_bits((h & KIND_MASK) >> KIND_SHIFT)
         .ok_or_else(|| format!("header {h:#x} has an unknown kind"))?;
-    if h & (PINNED | MARK | EXP_DEPTH_MASK | (1 << 7)) != 0 {
+    if h & BUSY != 0 && kind != Kind::RawMut {
+        return Err(format!("{kind:?} header {h:#x} has the busy bit, which only RawMut arrays take"));
+    }
+    if h & (PINNED | MARK | EXP_DEPTH_MASK) != 0 {
         return Err(format!("header {h:#x} has pin/mark/exp-depth bits set, which this part never sets"));
     }
     if h & FRONTIER != 0 && !kind.is_mutable() {

@@ -2,7 +2,7 @@
 
 use crate::gc::{field_at, header_at};
 use crate::heap::{self, RemEntry};
-use crate::object::{self, Kind, Word, FRONTIER};
+use crate::object::{self, Kind, Word, BUSY, FRONTIER};
 use crate::stats::Stats;
 use crate::task::Task;
 use std::cell::Cell;
@@ -123,6 +123,38 @@ impl<'s> From<Gc<'s>> for Val<'s> {
     fn from(g: Gc<'s>) -> Self {
         Val::Obj(g)
     }
+}
+
+#[cold]
+fn busy_panic(o: u64, what: &str) -> ! {
+    panic!("canopy-hh: {what} of raw array {o:#x} while par_fill has it in pieces")
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr<T>(*mut T);
+// SAFETY: the pointer is the base of a raw array that par_fill hands out in
+// disjoint pieces, one per task; see par_fill.
+unsafe impl<T> Send for SendPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SendPtr<T> {}
+
+fn fill_rec<T: Unboxed, F>(s: &mut Scope<'_>, base: SendPtr<T>, lo: usize, hi: usize, grain: usize, f: &F)
+where
+    F: for<'a> Fn(&mut Scope<'a>, usize, &mut [T]) + Sync,
+{
+    if hi - lo <= grain {
+        if hi > lo {
+            // SAFETY: [lo, hi) is in bounds of the array (par_fill's n), the
+            // pieces of different calls are disjoint, the array does not move
+            // while par_fill runs (its owner is suspended), and every other
+            // access to it panics while it is busy.
+            let piece = unsafe { std::slice::from_raw_parts_mut(base.0.add(lo), hi - lo) };
+            s.scope(|s| f(s, lo, piece));
+        }
+        return;
+    }
+    let mid = lo + (hi - lo) / 2;
+    s.par(|s| fill_rec(s, base, lo, mid, grain, f), |s| fill_rec(s, base, mid, hi, grain, f));
 }
 
 mod sealed {
@@ -278,6 +310,17 @@ impl<'s> Scope<'s> {
     fn header(&self, o: u64) -> (u64, Kind, usize) {
         let h = header_at(o).load(Ordering::Relaxed);
         (h, object::header_kind(h), object::header_len(h))
+    }
+
+    /// The header of a raw array about to be accessed: refused while
+    /// `par_fill` has it in pieces.
+    #[inline]
+    fn raw_header(&self, o: u64, what: &str) -> (u64, Kind, usize) {
+        let r = self.header(o);
+        if r.0 & BUSY != 0 {
+            busy_panic(o, what);
+        }
+        r
     }
 
     #[inline]
@@ -497,7 +540,7 @@ impl<'s> Scope<'s> {
         let bytes = range.len() * std::mem::size_of::<T>();
         let p = self.alloc_object(Kind::Raw, bytes);
         let o = self.obj(src);
-        let (_, kind, _) = self.header(o);
+        let (_, kind, _) = self.raw_header(o, "raw_copy");
         if kind == Kind::RawMut && !self.owns(o) {
             panic!("canopy-hh: raw_copy from a mutable raw array of another task's heap; read it with raw_get");
         }
@@ -518,7 +561,7 @@ impl<'s> Scope<'s> {
     /// immutable one, in place. Immutable objects are read without barriers.
     pub fn freeze(&mut self, g: Gc<'_>) {
         let o = self.obj(g);
-        let (h, kind, _) = self.header(o);
+        let (h, kind, _) = self.raw_header(o, "freeze");
         assert!(
             matches!(kind, Kind::Array | Kind::RawMut),
             "canopy-hh: freeze of a {kind:?}; only Array and RawMut can be frozen"
@@ -684,7 +727,7 @@ impl<'s> Scope<'s> {
     /// one of this task's own heap.
     pub fn raw_slice<T: Unboxed>(&self, g: Gc<'_>) -> &[T] {
         let o = self.obj(g);
-        let (_, kind, len) = self.header(o);
+        let (_, kind, len) = self.raw_header(o, "raw_slice");
         assert!(!kind.holds_values(), "canopy-hh: raw_slice of a {kind:?}");
         if kind == Kind::RawMut && !self.owns(o) {
             panic!(
@@ -703,7 +746,7 @@ impl<'s> Scope<'s> {
     /// A writable view of a mutable raw array of this task's own heap.
     pub fn raw_mut<T: Unboxed>(&mut self, g: Gc<'_>) -> &mut [T] {
         let o = self.obj(g);
-        let (_, kind, len) = self.header(o);
+        let (_, kind, len) = self.raw_header(o, "raw_mut");
         assert!(kind == Kind::RawMut, "canopy-hh: raw_mut of a {kind:?}; only RawMut arrays are writable");
         assert!(
             self.owns(o),
@@ -720,7 +763,7 @@ impl<'s> Scope<'s> {
     #[inline]
     pub fn raw_get<T: Unboxed>(&self, g: Gc<'_>, i: usize) -> T {
         let o = self.obj(g);
-        let (_, kind, len) = self.header(o);
+        let (_, kind, len) = self.raw_header(o, "raw_get");
         assert!(!kind.holds_values(), "canopy-hh: raw_get of a {kind:?}");
         let n = len / std::mem::size_of::<T>();
         assert!(i < n, "canopy-hh: raw_get: index {i} out of bounds for length {n}");
@@ -733,12 +776,67 @@ impl<'s> Scope<'s> {
     #[inline]
     pub fn raw_set<T: Unboxed>(&mut self, g: Gc<'_>, i: usize, v: T) {
         let o = self.obj(g);
-        let (_, kind, len) = self.header(o);
+        let (_, kind, len) = self.raw_header(o, "raw_set");
         assert!(kind == Kind::RawMut, "canopy-hh: raw_set of a {kind:?}; only RawMut arrays are writable");
         let n = len / std::mem::size_of::<T>();
         assert!(i < n, "canopy-hh: raw_set: index {i} out of bounds for length {n}");
         // SAFETY: as raw_get.
         T::atomic_store(unsafe { ((o as *mut u64).add(1) as *mut T).add(i) }, v)
+    }
+
+    /// Write `data` into elements `offset..` of a mutable raw array, element
+    /// by element with atomic stores (children may fill disjoint parts of an
+    /// ancestor's array this way).
+    pub fn raw_set_range<T: Unboxed>(&mut self, g: Gc<'_>, offset: usize, data: &[T]) {
+        let o = self.obj(g);
+        let (_, kind, len) = self.raw_header(o, "raw_set_range");
+        assert!(kind == Kind::RawMut, "canopy-hh: raw_set_range of a {kind:?}; only RawMut arrays are writable");
+        let n = len / std::mem::size_of::<T>();
+        assert!(
+            offset <= n && data.len() <= n - offset,
+            "canopy-hh: raw_set_range: {} elements at {offset} do not fit length {n}",
+            data.len()
+        );
+        let base = (o as *mut u64).wrapping_add(1) as *mut T;
+        for (i, &v) in data.iter().enumerate() {
+            // SAFETY: offset + i < n (checked), aligned as in raw_get.
+            T::atomic_store(unsafe { base.add(offset + i) }, v);
+        }
+    }
+
+    /// Fill a mutable raw array of this task's own heap in parallel: the array
+    /// is split into disjoint pieces of at most `grain` elements, and
+    /// `f(scope, offset, piece)` runs on each in a child task, with the piece
+    /// as `&mut [T]`. Meanwhile every other access to the array panics (it is
+    /// marked busy), and the array cannot move (only its owner, suspended in
+    /// this call, could collect it).
+    pub fn par_fill<T: Unboxed, F>(&mut self, g: Gc<'_>, grain: usize, f: F)
+    where
+        F: for<'a> Fn(&mut Scope<'a>, usize, &mut [T]) + Sync,
+    {
+        let o = self.obj(g);
+        let (h, kind, len) = self.raw_header(o, "par_fill");
+        assert!(kind == Kind::RawMut, "canopy-hh: par_fill of a {kind:?}; only RawMut arrays are writable");
+        assert!(
+            self.owns(o),
+            "canopy-hh: par_fill of an array outside this task's own heap ({})",
+            heap::task_name(self.task().heap())
+        );
+        let n = len / std::mem::size_of::<T>();
+        header_at(o).store(h | BUSY, Ordering::Relaxed);
+        struct Unbusy(u64);
+        impl Drop for Unbusy {
+            fn drop(&mut self) {
+                header_at(self.0).fetch_and(!BUSY, Ordering::Relaxed);
+            }
+        }
+        let _unbusy = Unbusy(o);
+        let base = SendPtr((o as *mut u64).wrapping_add(1) as *mut T);
+        let grain = grain.max(1);
+        // Even a single piece runs in a child: the owner could collect (and
+        // move the array) if `f` allocated in the owner's scope.
+        let mid = if n <= grain { n } else { n / 2 };
+        self.par(|s| fill_rec(s, base, 0, mid, grain, &f), |s| fill_rec(s, base, mid, n, grain, &f));
     }
 
     // ---- the collector ------------------------------------------------------

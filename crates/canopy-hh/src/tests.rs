@@ -532,3 +532,48 @@ proptest! {
         prop_assert!(res.is_ok(), "{:?}", res);
     }
 }
+
+#[test]
+fn par_fill_hands_out_disjoint_pieces_and_guards_the_array() {
+    setup();
+    run(|s| {
+        let a = s.raw::<u64>(100_003);
+        s.par_fill::<u64, _>(a, 1_000, |s, off, piece| {
+            // Children may allocate while they hold their piece.
+            let t = s.tuple(&[Val::Int(off as i64)]);
+            let base = s.get_int(t, 0) as u64;
+            for (i, x) in piece.iter_mut().enumerate() {
+                *x = (base + i as u64) * 3;
+            }
+        });
+        assert!(s.raw_slice::<u64>(a).iter().enumerate().all(|(i, &x)| x == i as u64 * 3));
+        // A small array still fills in a child.
+        let b = s.raw::<u8>(5);
+        s.par_fill::<u8, _>(b, 64, |_, _, p| p.fill(9));
+        assert_eq!(s.raw_slice::<u8>(b), &[9; 5]);
+        let c = s.raw::<i32>(10);
+        s.raw_set_range(c, 4, &[1, 2, 3]);
+        assert_eq!(s.raw_slice::<i32>(c), &[0, 0, 0, 0, 1, 2, 3, 0, 0, 0]);
+    });
+    let e = std::panic::catch_unwind(|| {
+        run(|s| {
+            let a = s.raw::<u64>(64);
+            s.par_fill::<u64, _>(a, 8, |s, _, _| {
+                s.raw_get::<u64>(a, 0);
+            });
+        })
+    })
+    .unwrap_err();
+    let m = e.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(m.contains("while par_fill has it in pieces"), "{m}");
+    // The busy mark is cleared after a panic inside par_fill.
+    let ok = run(|s| {
+        let a = s.raw::<u64>(4);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            s.par_fill::<u64, _>(a, 1, |_, off, _| assert!(off != 2, "piece 2 fails"));
+        }));
+        assert!(r.is_err());
+        s.raw_get::<u64>(a, 0) == 0
+    });
+    assert!(ok);
+}
