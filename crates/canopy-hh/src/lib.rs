@@ -84,27 +84,62 @@
 //!
 //! When a task's heap outgrows `max(CANOPY_HH_GC_MIN_KB, (1 + ratio) x
 //! survived)`, the task collects it by itself, copying what its handles and
-//! remembered set reach into fresh chunks; other tasks keep running. See
+//! remembered set reach into fresh chunks; other tasks keep running. A task
+//! that is the first child of its fork also collects the ancestors' heaps no
+//! other task can reach at the time (the fork's second child waits to start). See
 //! [`config`] for the options and [`Stats`] for the counters. The verifier
 //! (on in debug builds, or with `CANOPY_HH_VERIFY=1`) checks every pointer
 //! after each collection.
 
 #![warn(missing_docs)]
+// Under `--cfg canopy_loom` only the fork link is built, for its model.
+#![cfg_attr(canopy_loom, allow(dead_code, unused_imports))]
 
+#[cfg(not(canopy_loom))]
 mod chunk;
+#[cfg(not(canopy_loom))]
 pub mod config;
+mod forklink;
+#[cfg(not(canopy_loom))]
 mod gc;
+#[cfg(not(canopy_loom))]
 mod heap;
+#[cfg(not(canopy_loom))]
 pub mod object;
+#[cfg(not(canopy_loom))]
 mod scope;
+#[cfg(not(canopy_loom))]
 mod stats;
+#[cfg(not(canopy_loom))]
 mod task;
 
+/// The atomics the lock-free protocols use (loom's under `canopy_loom`).
+mod sync {
+    #[cfg(canopy_loom)]
+    pub(crate) use loom::sync::atomic::{AtomicU8, Ordering};
+    #[cfg(not(canopy_loom))]
+    pub(crate) use std::sync::atomic::{AtomicU8, Ordering};
+
+    /// Wait a moment in a spin loop.
+    #[inline]
+    pub(crate) fn spin() {
+        #[cfg(canopy_loom)]
+        loom::thread::yield_now();
+        #[cfg(not(canopy_loom))]
+        std::hint::spin_loop();
+    }
+}
+
+#[cfg(not(canopy_loom))]
 pub use config::{config, set_config, Config};
+#[cfg(not(canopy_loom))]
 pub use heap::live_heap_records;
+#[cfg(not(canopy_loom))]
 pub use object::{Kind, INT_MAX, INT_MIN};
+#[cfg(not(canopy_loom))]
 pub use scope::{run, run_with_stats, Gc, Scope, Unboxed, Val};
+#[cfg(not(canopy_loom))]
 pub use stats::{global_stats, Stats};
 
-#[cfg(test)]
+#[cfg(all(test, not(canopy_loom)))]
 mod tests;

@@ -836,6 +836,16 @@ impl<'s> Scope<'s> {
         // Even a single piece runs in a child: the owner could collect (and
         // move the array) if `f` allocated in the owner's scope.
         let mid = if n <= grain { n } else { n / 2 };
+        // No descendant may collect this heap while the pieces are out.
+        self.task().shielded += 1;
+        struct Unshield(*mut Task);
+        impl Drop for Unshield {
+            fn drop(&mut self) {
+                // SAFETY: the task outlives this call.
+                unsafe { (*self.0).shielded -= 1 };
+            }
+        }
+        let _unshield = Unshield(self.task);
         self.par(|s| fill_rec(s, base, 0, mid, grain, &f), |s| fill_rec(s, base, mid, n, grain, &f));
     }
 
@@ -843,7 +853,19 @@ impl<'s> Scope<'s> {
 
     /// Collect this task's heap now.
     pub fn collect(&mut self) {
-        crate::gc::collect(self.task());
+        crate::gc::collect(self.task(), crate::gc::Reach::Own);
+    }
+
+    /// Collect this task's heap and the heaps of the ancestors that no other
+    /// task can reach now: going up the task tree while this task's branch is
+    /// the first child of a fork whose second child has not started (that
+    /// child waits until the collection ends). Returns how many ancestor heaps
+    /// were collected. The automatic collection does the same for ancestors
+    /// over their own thresholds.
+    pub fn collect_with_ancestors(&mut self) -> u64 {
+        let before = self.task().stats.ancestor_levels;
+        crate::gc::collect(self.task(), crate::gc::Reach::Ancestors);
+        self.task().stats.ancestor_levels - before
     }
 
     /// Run the heap verifier on this task's heap now.

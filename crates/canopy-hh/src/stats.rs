@@ -16,6 +16,9 @@ pub struct Stats {
     pub chunks: u64,
     /// Leaf collections.
     pub collections: u64,
+    /// Ancestor heaps collected together with a leaf's (levels no other task
+    /// could reach at the time).
+    pub ancestor_levels: u64,
     /// Bytes copied by the collector.
     pub bytes_copied: u64,
     /// Bytes of chunks the collector released.
@@ -39,6 +42,7 @@ impl Stats {
         self.objects_allocated += o.objects_allocated;
         self.chunks += o.chunks;
         self.collections += o.collections;
+        self.ancestor_levels += o.ancestor_levels;
         self.bytes_copied += o.bytes_copied;
         self.bytes_reclaimed += o.bytes_reclaimed;
         self.large_kept += o.large_kept;
@@ -55,6 +59,7 @@ static GLOBAL: Mutex<Stats> = Mutex::new(Stats {
     objects_allocated: 0,
     chunks: 0,
     collections: 0,
+    ancestor_levels: 0,
     bytes_copied: 0,
     bytes_reclaimed: 0,
     large_kept: 0,

@@ -2,6 +2,7 @@
 //! protocol that keeps the heap tree in step with the task tree.
 
 use crate::chunk::{self, Chunk};
+use crate::forklink::ForkLink;
 use crate::heap::{HeapRecord, RemEntry};
 use crate::stats::Stats;
 use std::ptr;
@@ -92,6 +93,13 @@ pub(crate) struct Task {
     pub(crate) roots: RootStack,
     pub(crate) stats: Stats,
     pub(crate) in_gc: bool,
+    /// For a first child: its fork's link and the forking (parent) task,
+    /// through which it may collect the parent's heap (see forklink.rs).
+    pub(crate) link: *const ForkLink,
+    pub(crate) parent: *mut Task,
+    /// par_fill calls in progress: while non-zero, no descendant collects
+    /// this heap (children hold `&mut` pieces of one of its arrays).
+    pub(crate) shielded: u32,
 }
 
 // SAFETY: a Task is used by one thread at a time: it is created by the forking
@@ -115,6 +123,9 @@ impl Task {
             roots: RootStack::new(),
             stats: Stats::default(),
             in_gc: false,
+            link: ptr::null(),
+            parent: ptr::null_mut(),
+            shielded: 0,
         }
     }
 
@@ -157,11 +168,8 @@ impl Task {
     #[cold]
     fn alloc_slow(&mut self, words: usize) -> *mut u64 {
         let cfg = crate::config::config();
-        if cfg.gc && !self.in_gc {
-            let limit = cfg.gc_min_bytes.max(((1.0 + cfg.gc_ratio) * self.survived as f64) as usize);
-            if self.bytes >= limit {
-                crate::gc::collect(self);
-            }
+        if cfg.gc && !self.in_gc && crate::gc::over_threshold(self) {
+            crate::gc::collect(self, crate::gc::Reach::AncestorsOverThreshold);
         }
         let bytes = words * 8;
         if self.end - self.cur >= bytes {
@@ -262,11 +270,24 @@ impl Task {
     ) -> (RA, RB) {
         self.flush_bump();
         let me = self.heap();
+        let link = ForkLink::new();
         let mut a = Task::new(me, 0);
         let mut b = Task::new(me, 1);
+        // The first child may collect this (suspended) task's heap while the
+        // second has not started: it gets the link and a way back here.
+        a.link = &link;
+        a.parent = self;
         let joined = {
-            let (pa, pb) = (&mut a, &mut b);
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || rayon_core::join(move || f(pa), move || g(pb))))
+            let (pa, pb, l) = (&mut a, &mut b, &link);
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                rayon_core::join(
+                    move || f(pa),
+                    move || {
+                        l.start_second();
+                        g(pb)
+                    },
+                )
+            }))
         };
         // Absorb the children even if one panicked: older objects may point
         // into their heaps (remembered-set entries), so their chunks must

@@ -331,6 +331,7 @@ enum Op {
     Set(usize, u8, usize),
     Get(usize, u8),
     Collect,
+    CollectAll,
     Fork(Vec<Op>, Vec<Op>),
 }
 
@@ -342,6 +343,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         (any::<usize>(), any::<u8>(), any::<usize>()).prop_map(|(a, i, v)| Op::Set(a, i, v)),
         (any::<usize>(), any::<u8>()).prop_map(|(a, i)| Op::Get(a, i)),
         Just(Op::Collect),
+        Just(Op::CollectAll),
     ];
     leaf.prop_recursive(3, 200, 24, |inner| {
         prop_oneof![
@@ -438,6 +440,9 @@ fn exec<'s>(
                 }
             }
             Op::Collect => s.collect(),
+            Op::CollectAll => {
+                s.collect_with_ancestors();
+            }
             Op::Fork(l, rops) => {
                 let parent_regs: &Vec<(Val<'s>, MVal)> = regs;
                 // Children start from the parent's registers; their new
@@ -576,4 +581,70 @@ fn par_fill_hands_out_disjoint_pieces_and_guards_the_array() {
         s.raw_get::<u64>(a, 0) == 0
     });
     assert!(ok);
+}
+
+#[test]
+fn a_first_child_collects_its_ancestors_heaps() {
+    setup();
+    // One worker: the second child cannot start before the first ends, so
+    // the first child may collect both ancestors' heaps.
+    let pool = rayon_core::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let (levels, st) = pool.install(|| {
+        run_with_stats(|s| {
+            let keep = list(s, 3_000);
+            let shared = s.array(4, Val::Int(0));
+            s.scope(|s| {
+                list(s, 10_000); // garbage in the root heap
+            });
+            let levels = s.par(
+                |s| {
+                    let (levels, _) = s.par(
+                        |s| {
+                            // A down-pointer from the root's array into this heap:
+                            // its remembered entry must follow the array's move.
+                            let mine = list(s, 100);
+                            s.set(shared, 0, Val::Obj(mine));
+                            let levels = s.collect_with_ancestors();
+                            // Then this heap alone, through the rebuilt entry.
+                            s.scope(|s| {
+                                list(s, 2_000);
+                            });
+                            s.collect();
+                            let back = s.get(shared, 0).as_obj().unwrap();
+                            assert_eq!(list_sum(s, back), (5050, 100));
+                            let k = s.rebind(keep);
+                            assert_eq!(list_sum(s, k).1, 3_000);
+                            levels
+                        },
+                        |s| list_sum(s, keep).1,
+                    );
+                    levels
+                },
+                |s| {
+                    // The second child of the root sees the moved objects.
+                    let (sum, n) = list_sum(s, keep);
+                    assert_eq!((sum, n), (3_000 * 3_001 / 2, 3_000));
+                },
+            );
+            let back = s.get(shared, 0).as_obj().unwrap();
+            assert_eq!(list_sum(s, back), (5050, 100));
+            levels.0
+        })
+    });
+    assert_eq!(levels, 2);
+    assert!(st.ancestor_levels >= 2);
+    // The garbage of the root heap was reclaimed by the first child.
+    assert!(st.bytes_reclaimed > 10_000 * 24);
+}
+
+#[test]
+fn a_second_child_blocks_ancestor_collection() {
+    setup();
+    run(|s| {
+        let keep = list(s, 500);
+        let (_, levels) = s.par(|s| list_sum(s, keep).1, |s| s.collect_with_ancestors());
+        // The second child's parent is shared with the first child.
+        assert_eq!(levels, 0);
+        assert_eq!(list_sum(s, keep).1, 500);
+    });
 }

@@ -3,6 +3,8 @@
 //! crash, a hang or a silent result. (The child is this test binary, re-run
 //! with `CANOPY_HH_ENTANGLE_CHILD=1` on the `child` test.)
 
+#![cfg(not(canopy_loom))]
+
 use canopy_hh::{run, Val};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};

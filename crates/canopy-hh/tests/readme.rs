@@ -1,6 +1,8 @@
 //! The examples in the workspace README and the crate README compile and
 //! compute what they say.
 
+#![cfg(not(canopy_loom))]
+
 #[test]
 fn readme_example() {
     let total = canopy_hh::run(|s| {

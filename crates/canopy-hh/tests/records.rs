@@ -2,6 +2,8 @@
 //! heaps' records is still alive. (A separate test binary, so no other test
 //! runs task trees at the same time.)
 
+#![cfg(not(canopy_loom))]
+
 use canopy_hh::{live_heap_records, run, Val};
 
 #[test]

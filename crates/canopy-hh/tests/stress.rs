@@ -3,6 +3,8 @@
 //! verifier on. Not a benchmark. `CANOPY_STRESS_SCALE` multiplies the work
 //! (default 1: the CI setting; the release setting uses 20).
 
+#![cfg(not(canopy_loom))]
+
 use canopy_hh::{run_with_stats, set_config, Config, Gc, Scope, Val};
 
 fn scale() -> u64 {
@@ -82,8 +84,12 @@ fn task(s: &mut Scope<'_>, seed: u64, depth: u32) -> i64 {
         s.scope(|s| {
             build_list(s, 500, 0);
         });
-        if next(&mut rng) % 3 == 0 {
-            s.collect();
+        match next(&mut rng) % 6 {
+            0 | 1 => s.collect(),
+            2 => {
+                s.collect_with_ancestors();
+            }
+            _ => {}
         }
     }
     assert_eq!(list_total(s, mine), expect(n, tag));
