@@ -81,7 +81,7 @@ impl Chunk {
 /// zeroing). A thread keeps up to `LOCAL_KEEP` chunks; beyond that they go to
 /// a shared pool of up to `SHARED_KEEP`, and beyond that back to canopy-alloc.
 const LOCAL_KEEP: usize = 64;
-const SHARED_KEEP: usize = 1024;
+const SHARED_KEEP: usize = 256;
 static SHARED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
 /// A thread's chunks; at thread exit they go to the shared pool or back to
 /// canopy-alloc, so short-lived threads leak nothing.
