@@ -227,10 +227,12 @@ impl Task {
             self.head = child.head;
             if self.tail.is_null() {
                 self.tail = child.tail;
-                // SAFETY: live chunk.
+                // SAFETY: live chunk. A large chunk is never bumped into: its
+                // slack lies beyond the first chunk-size unit, where masking
+                // would not find the objects' chunk.
                 unsafe {
                     self.cur = (*child.tail).top;
-                    self.end = (*child.tail).end;
+                    self.end = if (*child.tail).large { (*child.tail).top } else { (*child.tail).end };
                 }
             }
         }

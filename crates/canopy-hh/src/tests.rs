@@ -648,3 +648,29 @@ fn a_second_child_blocks_ancestor_collection() {
         assert_eq!(list_sum(s, keep).1, 500);
     });
 }
+
+#[test]
+fn a_parent_without_chunks_never_bumps_into_a_childs_large_chunk() {
+    setup();
+    run(|s| {
+        // The root has no chunk; its first child allocates only a large array.
+        let (big, _) = s.par_gc(
+            |s| {
+                let a = s.raw::<u64>(40_000);
+                s.raw_mut::<u64>(a)[39_999] = 5;
+                a
+            },
+            |s| s.tuple(&[]),
+        );
+        // Small objects now must go to a chunk of their own.
+        let mut l = Val::Int(0);
+        for i in 0..5_000 {
+            l = Val::Obj(s.scope_keep(|s| s.tuple(&[Val::Int(i), l])));
+        }
+        s.verify().unwrap();
+        s.collect();
+        assert_eq!(s.raw_slice::<u64>(big)[39_999], 5);
+        let l = l.as_obj().unwrap();
+        assert_eq!(list_sum(s, l).1, 5_000);
+    });
+}
