@@ -125,6 +125,68 @@ impl<'s> From<Gc<'s>> for Val<'s> {
     }
 }
 
+/// Appends the elements of an array being built by [`Scope::raw_build`].
+pub struct Filler<'f, T> {
+    base: *mut T,
+    len: usize,
+    done: usize,
+    _life: PhantomData<&'f mut [T]>,
+}
+
+impl<T: Unboxed> Filler<'_, T> {
+    /// Append one element.
+    ///
+    /// # Panics
+    /// If the array is full.
+    #[inline]
+    pub fn push(&mut self, v: T) {
+        assert!(self.done < self.len, "canopy-hh: raw_build: more than {} elements appended", self.len);
+        // SAFETY: done < len: inside the payload, not yet written.
+        unsafe { self.base.add(self.done).write(v) };
+        self.done += 1;
+    }
+
+    /// Append a slice.
+    ///
+    /// # Panics
+    /// If it does not fit.
+    #[inline]
+    pub fn extend_from_slice(&mut self, xs: &[T]) {
+        assert!(xs.len() <= self.len - self.done, "canopy-hh: raw_build: more than {} elements appended", self.len);
+        // SAFETY: the range is inside the payload and not yet written; `xs`
+        // cannot alias it (the new array has no handle `fill` could use).
+        unsafe { std::ptr::copy_nonoverlapping(xs.as_ptr(), self.base.add(self.done), xs.len()) };
+        self.done += xs.len();
+    }
+
+    /// Elements appended so far.
+    pub fn len(&self) -> usize {
+        self.done
+    }
+
+    /// Nothing appended yet?
+    pub fn is_empty(&self) -> bool {
+        self.done == 0
+    }
+
+    /// Elements still to append.
+    pub fn remaining(&self) -> usize {
+        self.len - self.done
+    }
+}
+
+/// Zeroes what a panicking or short `fill` left unwritten, so the array
+/// never holds uninitialised memory.
+struct FillGuard<'a, 'f, T>(&'a mut Filler<'f, T>);
+
+impl<T> Drop for FillGuard<'_, '_, T> {
+    fn drop(&mut self) {
+        let f = &mut *self.0;
+        // SAFETY: [done, len) is inside the payload.
+        unsafe { std::ptr::write_bytes(f.base.add(f.done), 0, f.len - f.done) };
+    }
+}
+
 #[cold]
 fn busy_panic(o: u64, what: &str) -> ! {
     panic!("canopy-hh: {what} of raw array {o:#x} while par_fill has it in pieces")
@@ -368,6 +430,18 @@ impl<'s> Scope<'s> {
         f: impl for<'a> FnOnce(&mut Scope<'a>) -> RA + Send,
         g: impl for<'b> FnOnce(&mut Scope<'b>) -> RB + Send,
     ) -> (RA, RB) {
+        let r = self.fork_raw(f, g);
+        self.after_join();
+        r
+    }
+
+    /// The fork itself, without the join-time collection (the callers that
+    /// return managed words root them first).
+    fn fork_raw<RA: Send, RB: Send>(
+        &mut self,
+        f: impl for<'a> FnOnce(&mut Scope<'a>) -> RA + Send,
+        g: impl for<'b> FnOnce(&mut Scope<'b>) -> RB + Send,
+    ) -> (RA, RB) {
         self.task().fork(
             move |t| {
                 let _on = OnThread::enter();
@@ -380,6 +454,17 @@ impl<'s> Scope<'s> {
         )
     }
 
+    /// At a join the children's heaps become this task's: collect if that
+    /// took the heap over its threshold (a task that only forks and joins
+    /// would otherwise never collect what its children left).
+    #[inline]
+    fn after_join(&mut self) {
+        let t = self.task();
+        if crate::config::config().gc && crate::gc::over_threshold(t) {
+            crate::gc::collect(t, crate::gc::Reach::AncestorsOverThreshold);
+        }
+    }
+
     /// [`Scope::par`] for children that return managed objects: the results are
     /// in this task's heap after the join and come back as handles here.
     pub fn par_gc(
@@ -387,10 +472,12 @@ impl<'s> Scope<'s> {
         f: impl for<'a> FnOnce(&mut Scope<'a>) -> Gc<'a> + Send,
         g: impl for<'b> FnOnce(&mut Scope<'b>) -> Gc<'b> + Send,
     ) -> (Gc<'s>, Gc<'s>) {
-        let (a, b) = self.par(move |s| f(s).word(), move |s| g(s).word());
-        // No allocation happens between the children's return and here, so
-        // the words are still current.
-        (self.root(a), self.root(b))
+        let (a, b) = self.fork_raw(move |s| f(s).word(), move |s| g(s).word());
+        // Nothing allocates or collects between the children's return and
+        // here, so the words are still current.
+        let r = (self.root(a), self.root(b));
+        self.after_join();
+        r
     }
 
     /// [`Scope::par`] for children that return values (integers or objects).
@@ -399,8 +486,10 @@ impl<'s> Scope<'s> {
         f: impl for<'a> FnOnce(&mut Scope<'a>) -> Val<'a> + Send,
         g: impl for<'b> FnOnce(&mut Scope<'b>) -> Val<'b> + Send,
     ) -> (Val<'s>, Val<'s>) {
-        let (a, b) = self.par(move |s| f(s).word(), move |s| g(s).word());
-        (self.val(a), self.val(b))
+        let (a, b) = self.fork_raw(move |s| f(s).word(), move |s| g(s).word());
+        let r = (self.val(a), self.val(b));
+        self.after_join();
+        r
     }
 
     fn val(&self, w: u64) -> Val<'s> {
@@ -784,6 +873,71 @@ impl<'s> Scope<'s> {
         T::atomic_store(unsafe { ((o as *mut u64).add(1) as *mut T).add(i) }, v)
     }
 
+    /// A new mutable raw array of `len` elements, written by `fill` before
+    /// anyone can see it: `fill` gets read access to the heap (`&Scope`, e.g.
+    /// `raw_slice` of other arrays) and a [`Filler`] that appends elements;
+    /// it must append exactly `len` (checked: a short or long fill panics).
+    /// No zeroing, no staging copy: this is how a merge or a copy makes its
+    /// output. Freeze the result if it should be immutable.
+    pub fn raw_build<T: Unboxed, R>(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&Scope<'s>, &mut Filler<'_, T>) -> R,
+    ) -> (Gc<'s>, R) {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).expect("canopy-hh: raw array size overflows");
+        let p = self.alloc_object(Kind::RawMut, bytes);
+        // SAFETY: the payload has bytes.div_ceil(8) words; the tail word is
+        // zeroed first so no byte of the payload stays unwritten.
+        unsafe {
+            if bytes % 8 != 0 {
+                p.add(bytes / 8 + 1).write(0);
+            }
+        }
+        let g = self.root(p as u64);
+        // SAFETY: the payload holds `len` elements of T (8-aligned); no handle
+        // to the new array exists besides `g`, which `fill` does not get, and
+        // the array cannot move while `fill` holds `&Scope` (collection needs
+        // `&mut Scope`).
+        let mut filler = Filler { base: unsafe { p.add(1) as *mut T }, len, done: 0, _life: PhantomData };
+        let guard = FillGuard(&mut filler);
+        let r = fill(self, guard.0);
+        let done = guard.0.done;
+        if done != len {
+            drop(guard); // zeroes the unwritten tail
+            panic!("canopy-hh: raw_build of {len} elements: fill appended {done}");
+        }
+        std::mem::forget(guard);
+        (g, r)
+    }
+
+    /// Write into a mutable raw array of this task's own heap while reading
+    /// others: `f` gets `&mut [T]` of `dst` and read access to the heap. The
+    /// array is marked busy meanwhile, so `f` cannot also view it through the
+    /// scope.
+    pub fn with_raw_mut<T: Unboxed, R>(&mut self, dst: Gc<'_>, f: impl FnOnce(&Scope<'s>, &mut [T]) -> R) -> R {
+        let o = self.obj(dst);
+        let (h, kind, len) = self.raw_header(o, "with_raw_mut");
+        assert!(kind == Kind::RawMut, "canopy-hh: with_raw_mut of a {kind:?}; only RawMut arrays are writable");
+        assert!(
+            self.owns(o),
+            "canopy-hh: with_raw_mut of an array outside this task's own heap ({})",
+            heap::task_name(self.task().heap())
+        );
+        header_at(o).store(h | BUSY, Ordering::Relaxed);
+        struct Unbusy(u64);
+        impl Drop for Unbusy {
+            fn drop(&mut self) {
+                header_at(self.0).fetch_and(!BUSY, Ordering::Relaxed);
+            }
+        }
+        let _unbusy = Unbusy(o);
+        // SAFETY: as raw_mut; besides, the busy bit refuses every other view
+        // of the array while `f` runs, and `f` cannot allocate (it gets
+        // `&Scope`), so the array does not move.
+        let view = unsafe { std::slice::from_raw_parts_mut((o as *mut u64).add(1) as *mut T, len / std::mem::size_of::<T>()) };
+        f(self, view)
+    }
+
     /// Write `data` into elements `offset..` of a mutable raw array, element
     /// by element with atomic stores (children may fill disjoint parts of an
     /// ancestor's array this way).
@@ -830,7 +984,7 @@ impl<'s> Scope<'s> {
                 header_at(self.0).fetch_and(!BUSY, Ordering::Relaxed);
             }
         }
-        let _unbusy = Unbusy(o);
+        let unbusy = Unbusy(o);
         let base = SendPtr((o as *mut u64).wrapping_add(1) as *mut T);
         let grain = grain.max(1);
         // Even a single piece runs in a child: the owner could collect (and
@@ -845,8 +999,12 @@ impl<'s> Scope<'s> {
                 unsafe { (*self.0).shielded -= 1 };
             }
         }
-        let _unshield = Unshield(self.task);
-        self.par(|s| fill_rec(s, base, 0, mid, grain, &f), |s| fill_rec(s, base, mid, n, grain, &f));
+        let unshield = Unshield(self.task);
+        // No collection at this join: the guards still name the array at `o`.
+        self.fork_raw(|s| fill_rec(s, base, 0, mid, grain, &f), |s| fill_rec(s, base, mid, n, grain, &f));
+        drop(unshield);
+        drop(unbusy);
+        self.after_join();
     }
 
     // ---- the collector ------------------------------------------------------

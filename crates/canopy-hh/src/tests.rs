@@ -674,3 +674,71 @@ fn a_parent_without_chunks_never_bumps_into_a_childs_large_chunk() {
         assert_eq!(list_sum(s, l).1, 5_000);
     });
 }
+
+#[test]
+fn raw_build_and_with_raw_mut_read_one_array_while_writing_another() {
+    setup();
+    run(|s| {
+        let a = s.raw_from::<i64>(&[1, 4, 9, 16]);
+        let b = s.raw_from::<i64>(&[2, 3, 10]);
+        // A merge straight into a new array: no zeroing, no staging.
+        let (m, n) = s.raw_build::<i64, usize>(7, |s, out| {
+            let (x, y) = (s.raw_slice::<i64>(a), s.raw_slice::<i64>(b));
+            let (mut i, mut j) = (0, 0);
+            while i < x.len() && j < y.len() {
+                if x[i] <= y[j] {
+                    out.push(x[i]);
+                    i += 1;
+                } else {
+                    out.push(y[j]);
+                    j += 1;
+                }
+            }
+            out.extend_from_slice(&x[i..]);
+            out.extend_from_slice(&y[j..]);
+            out.len()
+        });
+        assert_eq!(n, 7);
+        assert_eq!(s.raw_slice::<i64>(m), &[1, 2, 3, 4, 9, 10, 16]);
+        let d = s.raw::<i64>(4);
+        s.with_raw_mut::<i64, ()>(d, |s, w| {
+            for (o, &x) in w.iter_mut().zip(s.raw_slice::<i64>(a)) {
+                *o = x * 10;
+            }
+        });
+        assert_eq!(s.raw_slice::<i64>(d), &[10, 40, 90, 160]);
+    });
+    let m = |f: Box<dyn FnOnce() + std::panic::UnwindSafe>| {
+        let e = std::panic::catch_unwind(f).unwrap_err();
+        e.downcast_ref::<String>().cloned().unwrap_or_default()
+    };
+    let e = m(Box::new(|| run(|s| {
+        s.raw_build::<u8, ()>(4, |_, out| out.push(1));
+    })));
+    assert!(e.contains("fill appended 1"), "{e}");
+    let e = m(Box::new(|| run(|s| {
+        s.raw_build::<u8, ()>(1, |_, out| out.extend_from_slice(&[1, 2]));
+    })));
+    assert!(e.contains("more than 1 elements"), "{e}");
+    let e = m(Box::new(|| run(|s| {
+        let d = s.raw::<u8>(4);
+        s.with_raw_mut::<u8, ()>(d, |s, _| {
+            s.raw_slice::<u8>(d);
+        });
+    })));
+    assert!(e.contains("with_raw_mut") || e.contains("raw_slice"), "{e}");
+}
+
+#[test]
+fn a_task_that_only_forks_collects_at_the_joins() {
+    setup();
+    let (_, st) = run_with_stats(|s| {
+        let keep = list(s, 100);
+        s.par_for(0..64, 1, |s, _| {
+            // Below the children's own threshold: they never collect.
+            list(s, 300);
+        });
+        assert_eq!(list_sum(s, keep).1, 100);
+    });
+    assert!(st.collections >= 1, "{st:?}");
+}
