@@ -128,7 +128,7 @@ impl<'s> From<Gc<'s>> for Val<'s> {
 /// Appends the elements of an array being built by [`Scope::raw_build`].
 pub struct Filler<'f, T> {
     base: *mut T,
-    len: usize,
+    cap: usize,
     done: usize,
     _life: PhantomData<&'f mut [T]>,
 }
@@ -140,7 +140,7 @@ impl<T: Unboxed> Filler<'_, T> {
     /// If the array is full.
     #[inline]
     pub fn push(&mut self, v: T) {
-        assert!(self.done < self.len, "canopy-hh: raw_build: more than {} elements appended", self.len);
+        assert!(self.done < self.cap, "canopy-hh: raw_build: more than {} elements appended", self.cap);
         // SAFETY: done < len: inside the payload, not yet written.
         unsafe { self.base.add(self.done).write(v) };
         self.done += 1;
@@ -152,7 +152,7 @@ impl<T: Unboxed> Filler<'_, T> {
     /// If it does not fit.
     #[inline]
     pub fn extend_from_slice(&mut self, xs: &[T]) {
-        assert!(xs.len() <= self.len - self.done, "canopy-hh: raw_build: more than {} elements appended", self.len);
+        assert!(xs.len() <= self.cap - self.done, "canopy-hh: raw_build: more than {} elements appended", self.cap);
         // SAFETY: the range is inside the payload and not yet written; `xs`
         // cannot alias it (the new array has no handle `fill` could use).
         unsafe { std::ptr::copy_nonoverlapping(xs.as_ptr(), self.base.add(self.done), xs.len()) };
@@ -171,7 +171,7 @@ impl<T: Unboxed> Filler<'_, T> {
 
     /// Elements still to append.
     pub fn remaining(&self) -> usize {
-        self.len - self.done
+        self.cap - self.done
     }
 }
 
@@ -183,7 +183,7 @@ impl<T> Drop for FillGuard<'_, '_, T> {
     fn drop(&mut self) {
         let f = &mut *self.0;
         // SAFETY: [done, len) is inside the payload.
-        unsafe { std::ptr::write_bytes(f.base.add(f.done), 0, f.len - f.done) };
+        unsafe { std::ptr::write_bytes(f.base.add(f.done), 0, f.cap - f.done) };
     }
 }
 
@@ -898,7 +898,7 @@ impl<'s> Scope<'s> {
         // to the new array exists besides `g`, which `fill` does not get, and
         // the array cannot move while `fill` holds `&Scope` (collection needs
         // `&mut Scope`).
-        let mut filler = Filler { base: unsafe { p.add(1) as *mut T }, len, done: 0, _life: PhantomData };
+        let mut filler = Filler { base: unsafe { p.add(1) as *mut T }, cap: len, done: 0, _life: PhantomData };
         let guard = FillGuard(&mut filler);
         let r = fill(self, guard.0);
         let done = guard.0.done;
