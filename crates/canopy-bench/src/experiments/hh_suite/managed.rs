@@ -94,6 +94,7 @@ where
         1 => leaf(s, r.start),
         len => {
             let mid = r.start + len / 2;
+            own_bump_chunk(s);
             let (a, b) = s.par_gc(
                 |s| par_rope::<T, L>(s, r.start..mid, leaf),
                 |s| par_rope::<T, L>(s, mid..r.end, leaf),
@@ -101,6 +102,21 @@ where
             rope_join::<T>(s, a, b)
         }
     }
+}
+
+/// Make sure this task bump-allocates in a chunk of its own before it forks.
+///
+/// Works around a canopy-hh bug: a task that has no chunk when it joins adopts
+/// the last chunk of its first child as its bump chunk, and when that is a
+/// large-object chunk (a child that allocated nothing but arrays of more than
+/// a quarter chunk), the parent's next small objects are bumped into the slack
+/// after the large object. In a large chunk of several 64 KiB units those
+/// objects are not found by address masking ("no live heap holds it" in debug
+/// builds). One empty tuple before the fork gives the task its own chunk.
+pub fn own_bump_chunk(s: &mut Scope<'_>) {
+    s.scope(|s| {
+        s.tuple(&[]);
+    });
 }
 
 /// Visit the leaves of a rope in order.

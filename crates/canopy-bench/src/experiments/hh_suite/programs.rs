@@ -163,9 +163,21 @@ fn small_primes_hh<'s>(s: &mut Scope<'s>, limit: usize) -> Gc<'s> {
 
 /// Segment `seg` sieved in a fresh managed byte map (the zeroed allocation is
 /// the baseline's `fill(false)`), its primes returned as a fresh immutable raw
-/// array of exactly their number. The sieving primes are read through a small
-/// stack buffer: the map's writable view excludes a view of another array.
+/// array of exactly their number. The map dies here: the task collects its
+/// heap before it returns, so the map's chunk goes back to the allocator (and
+/// to the next segment on this thread) instead of waiting in the joined heaps
+/// until the end of the run (no collection starts on its own there: see the
+/// README).
 fn primes_segment_hh<'a>(s: &mut Scope<'a>, seg: usize, m: usize, sieving: Gc<'_>) -> Gc<'a> {
+    let out = s.scope_keep(|s| primes_sieve_hh(s, seg, m, sieving));
+    s.collect();
+    out
+}
+
+/// [`primes_segment_hh`] up to the collection. The sieving primes are read
+/// through a small stack buffer: the map's writable view excludes a view of
+/// another array.
+fn primes_sieve_hh<'a>(s: &mut Scope<'a>, seg: usize, m: usize, sieving: Gc<'_>) -> Gc<'a> {
     let lo = seg * PRIME_SEGMENT;
     let hi = ((seg + 1) * PRIME_SEGMENT).min(m + 1);
     let top = 2 * hi + 1;
@@ -295,38 +307,140 @@ impl Program for Primes {
 pub struct Msort;
 
 /// Elements below which the canopy-hh merge sort sorts sequentially.
-const MSORT_CUTOFF: usize = 1 << 15;
+const MSORT_CUTOFF: usize = 1 << 18;
 
-/// Merge the sorted runs `x[*i..]` and `y[*j..]` (stably: ties from `x`
-/// first) into `buf`, filling it; advances `i` and `j`.
+/// Elements per piece of a canopy-hh merge: a merge of more is split into
+/// pieces merged by parallel tasks, each into its own array.
+const MERGE_PIECE: usize = 1 << 18;
+
+/// Merge `x[*i..]` and `y[*j..]` (stably: ties from `x` first) into `buf`
+/// until `buf` is full or one of them runs out; advances `i` and `j` and
+/// returns the elements written.
 #[inline]
 fn merge_into(x: &[i64], y: &[i64], i: &mut usize, j: &mut usize, buf: &mut [i64]) -> usize {
     let (mut a, mut b, mut k) = (*i, *j, 0);
     while k < buf.len() && a < x.len() && b < y.len() {
-        let take_x = x[a] <= y[b];
-        buf[k] = if take_x { x[a] } else { y[b] };
-        a += usize::from(take_x);
-        b += usize::from(!take_x);
-        k += 1;
-    }
-    if k < buf.len() {
-        let rest = buf.len() - k;
-        if a < x.len() {
-            buf[k..].copy_from_slice(&x[a..a + rest]);
-            a += rest;
-        } else {
-            buf[k..].copy_from_slice(&y[b..b + rest]);
-            b += rest;
+        // Steps that cannot exhaust either run or the buffer.
+        let steps = (buf.len() - k).min(x.len() - a).min(y.len() - b);
+        for slot in &mut buf[k..k + steps] {
+            let (u, v) = (x[a], y[b]);
+            let take_x = u <= v;
+            *slot = if take_x { u } else { v };
+            a += usize::from(take_x);
+            b += usize::from(!take_x);
         }
-        k = buf.len();
+        k += steps;
     }
     (*i, *j) = (a, b);
     k
 }
 
-/// The sorted elements of `xs` as a fresh immutable raw array: halves sorted
-/// by two tasks (`par_gc`), merged by the parent into a new array; below the
-/// cutoff, a copy sorted by `slice::sort` (the baseline's sort).
+/// A sorted sequence held as a rope of immutable raw arrays (see
+/// `managed::rope_*`), seen from one task: its leaves' handles and where
+/// each starts.
+struct Runs<'s> {
+    leaves: Vec<Gc<'s>>,
+    starts: Vec<usize>,
+    len: usize,
+}
+
+impl<'s> Runs<'s> {
+    fn of(s: &Scope<'s>, rope: Gc<'_>) -> Runs<'s> {
+        let mut leaves = Vec::new();
+        collect_leaves(s, rope, &mut leaves);
+        let mut starts = Vec::with_capacity(leaves.len());
+        let mut len = 0;
+        for &g in &leaves {
+            starts.push(len);
+            len += s.raw_len::<i64>(g);
+        }
+        Runs { leaves, starts, len }
+    }
+
+    /// (leaf, offset) of element `i` (`i < len`).
+    fn locate(&self, i: usize) -> (usize, usize) {
+        let l = self.starts.partition_point(|&st| st <= i) - 1;
+        (l, i - self.starts[l])
+    }
+
+    fn at(&self, s: &Scope<'_>, i: usize) -> i64 {
+        let (l, o) = self.locate(i);
+        s.raw_slice::<i64>(self.leaves[l])[o]
+    }
+}
+
+fn collect_leaves<'s>(s: &Scope<'s>, g: Gc<'_>, out: &mut Vec<Gc<'s>>) {
+    if s.kind(g) == canopy_hh::Kind::Tuple {
+        for f in [1, 2] {
+            if let canopy_hh::Val::Obj(c) = s.get(g, f) {
+                collect_leaves(s, c, out);
+            }
+        }
+    } else if s.raw_len::<i64>(g) > 0 {
+        out.push(s.rebind(g));
+    }
+}
+
+/// How many of the first `t` elements of the stable merge of `a` and `b`
+/// come from `a` (ties go to `a`).
+fn co_rank(s: &Scope<'_>, a: &Runs<'_>, b: &Runs<'_>, t: usize) -> usize {
+    let (mut lo, mut hi) = (t.saturating_sub(b.len), t.min(a.len));
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if a.at(s, mid) <= b.at(s, t - mid - 1) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// Elements `range` of the stable merge of the sorted ropes `a` and `b`, as
+/// a fresh immutable raw array (written through a stack buffer, the runs
+/// read leaf by leaf).
+fn merge_piece<'t>(s: &mut Scope<'t>, a: Gc<'_>, b: Gc<'_>, range: std::ops::Range<usize>) -> Gc<'t> {
+    let out = s.raw::<i64>(range.len());
+    let (ra, rb) = (Runs::of(s, a), Runs::of(s, b));
+    let ia = co_rank(s, &ra, &rb, range.start);
+    let (mut ca, mut cb) = (
+        if ia < ra.len { ra.locate(ia) } else { (ra.leaves.len(), 0) },
+        if range.start - ia < rb.len { rb.locate(range.start - ia) } else { (rb.leaves.len(), 0) },
+    );
+    managed::fill_staged::<i64>(s, out, |s, buf| {
+        let empty: &[i64] = &[];
+        let x = ra.leaves.get(ca.0).map_or(empty, |&g| s.raw_slice::<i64>(g));
+        let y = rb.leaves.get(cb.0).map_or(empty, |&g| s.raw_slice::<i64>(g));
+        let k = if ca.0 == ra.leaves.len() {
+            let k = buf.len().min(y.len() - cb.1);
+            buf[..k].copy_from_slice(&y[cb.1..cb.1 + k]);
+            cb.1 += k;
+            k
+        } else if cb.0 == rb.leaves.len() {
+            let k = buf.len().min(x.len() - ca.1);
+            buf[..k].copy_from_slice(&x[ca.1..ca.1 + k]);
+            ca.1 += k;
+            k
+        } else {
+            merge_into(x, y, &mut ca.1, &mut cb.1, buf)
+        };
+        if ca.0 < ra.leaves.len() && ca.1 == x.len() {
+            ca = (ca.0 + 1, 0);
+        }
+        if cb.0 < rb.leaves.len() && cb.1 == y.len() {
+            cb = (cb.0 + 1, 0);
+        }
+        k
+    });
+    s.freeze(out);
+    out
+}
+
+/// The sorted elements of `xs` as a rope of fresh immutable raw arrays:
+/// halves sorted by two tasks (`par_gc`) and merged, in pieces of
+/// [`MERGE_PIECE`] elements by parallel tasks (`par_rope`), each piece a new
+/// array; below the cutoff, a copy sorted by `slice::sort` (the baseline's
+/// sort).
 fn msort_hh<'a>(s: &mut Scope<'a>, xs: &[i64]) -> Gc<'a> {
     if xs.len() <= MSORT_CUTOFF {
         let out = s.raw::<i64>(xs.len());
@@ -337,14 +451,12 @@ fn msort_hh<'a>(s: &mut Scope<'a>, xs: &[i64]) -> Gc<'a> {
         return out;
     }
     let (l, r) = xs.split_at(xs.len() / 2);
+    managed::own_bump_chunk(s);
     let (a, b) = s.par_gc(|s| msort_hh(s, l), |s| msort_hh(s, r));
-    let out = s.raw::<i64>(xs.len());
-    let (mut i, mut j) = (0, 0);
-    managed::fill_staged::<i64>(s, out, |s, buf| {
-        merge_into(s.raw_slice::<i64>(a), s.raw_slice::<i64>(b), &mut i, &mut j, buf)
-    });
-    s.freeze(out);
-    out
+    let n = xs.len();
+    managed::par_rope::<i64, _>(s, 0..n.div_ceil(MERGE_PIECE), &|s, p| {
+        merge_piece(s, a, b, p * MERGE_PIECE..((p + 1) * MERGE_PIECE).min(n))
+    })
 }
 
 impl Program for Msort {
@@ -379,7 +491,7 @@ impl Program for Msort {
             }
             Variant::Hh => managed::run(|s| {
                 let sorted = msort_hh(s, xs);
-                s.raw_slice::<i64>(sorted).to_vec()
+                managed::rope_to_vec::<i64>(s, sorted)
             }),
         }
     }
