@@ -717,16 +717,15 @@ fn judge(
     match reference {
         None if variant == Variant::Seq.name() => *reference = Some((c, answer)),
         None => {}
-        Some((want, want_answer)) => {
-            if c != *want {
-                rec.ok = false;
-                rec.error = Some(format!(
-                    "{prog}: {variant} on {input} (seed {seed}) answered checksum={c} ({answer}), \
-                     but the sequential baseline answered checksum={want} ({want_answer}); `{}`",
-                    rec.command
-                ));
-            }
+        Some((want, want_answer)) if c != *want => {
+            rec.ok = false;
+            rec.error = Some(format!(
+                "{prog}: {variant} on {input} (seed {seed}) answered checksum={c} ({answer}), \
+                 but the sequential baseline answered checksum={want} ({want_answer}); `{}`",
+                rec.command
+            ));
         }
+        Some(_) => {}
     }
 }
 
@@ -796,6 +795,9 @@ fn kib(k: Option<u64>) -> Option<f64> {
     k.map(|k| k as f64)
 }
 
+/// A per-thread-count series of a program's summary.
+type PerThreadOf = dyn Fn(&ProgramSummary) -> &[(usize, Option<f64>)];
+
 fn pick(v: &[(usize, Option<f64>)], t: usize) -> Option<f64> {
     v.iter().find(|x| x.0 == t).and_then(|x| x.1)
 }
@@ -855,7 +857,7 @@ fn summarize(
             None
         }
     };
-    let geo_t = |f: &dyn Fn(&ProgramSummary) -> &[(usize, Option<f64>)]| -> Vec<(usize, Option<f64>)> {
+    let geo_t = |f: &PerThreadOf| -> Vec<(usize, Option<f64>)> {
         threads.iter().map(|&t| (t, geo(&|s| pick(f(s), t)))).collect()
     };
     let geomean_rel_seq = geo_t(&|s| &s.rel_seq);
@@ -965,10 +967,10 @@ fn markdown(
     );
     md.push_str(&machine_markdown(machine));
     if let (Some(lo), Some(hi)) = (s.load_during.first(), s.load_during.last()) {
-        let _ = write!(
+        let _ = writeln!(
             md,
             "Load average seen by the runs: median {:.2}, range {lo:.2}-{hi:.2} on {} CPUs (a load above the CPU count \
-             means other processes competed with the measured ones).\n",
+             means other processes competed with the measured ones).",
             stats::median(&s.load_during).unwrap_or(0.0),
             machine.nproc
         );
@@ -1179,8 +1181,7 @@ fn programs_by_name(ps: &[ProgramSummary]) -> Vec<Option<&'static dyn Bench>> {
 fn chart(s: &HhSummary, threads: &[usize]) -> BarChart {
     let mut series: Vec<String> = threads.iter().map(|&t| format!("rayon-{t}T")).collect();
     series.extend(threads.iter().map(|&t| format!("canopy-hh-{t}T")));
-    type Pick = dyn Fn(&ProgramSummary) -> &[(usize, Option<f64>)];
-    let panel = |title: &str, rayon: &Pick, hh: &Pick| Panel {
+    let panel = |title: &str, rayon: &PerThreadOf, hh: &PerThreadOf| Panel {
         title: title.into(),
         groups: s
             .programs

@@ -257,7 +257,7 @@ impl Program for Primes {
         assert!(p.n <= u32::MAX as u64, "primes: n must fit in u32");
         p.n as usize
     }
-    fn run<'a>(&self, v: Variant, &n: &'a usize) -> Vec<u32> {
+    fn run(&self, v: Variant, &n: &usize) -> Vec<u32> {
         if n < 2 {
             return Vec::new();
         }
@@ -451,12 +451,20 @@ fn msort_hh<'a>(s: &mut Scope<'a>, xs: &[i64]) -> Gc<'a> {
         return out;
     }
     let (l, r) = xs.split_at(xs.len() / 2);
-    managed::own_bump_chunk(s);
-    let (a, b) = s.par_gc(|s| msort_hh(s, l), |s| msort_hh(s, r));
     let n = xs.len();
-    managed::par_rope::<i64, _>(s, 0..n.div_ceil(MERGE_PIECE), &|s, p| {
-        merge_piece(s, a, b, p * MERGE_PIECE..((p + 1) * MERGE_PIECE).min(n))
-    })
+    managed::own_bump_chunk(s);
+    let merged = s.scope_keep(|s| {
+        let (a, b) = s.par_gc(|s| msort_hh(s, l), |s| msort_hh(s, r));
+        managed::par_rope::<i64, _>(s, 0..n.div_ceil(MERGE_PIECE), &|s, p| {
+            merge_piece(s, a, b, p * MERGE_PIECE..((p + 1) * MERGE_PIECE).min(n))
+        })
+    });
+    // The two sorted halves are garbage now, half of this heap. Nothing here
+    // allocates enough to start a collection by itself (the pieces are
+    // allocated by fresh child heaps), so collect: the pieces are large
+    // objects and stay in place; the halves' chunks are released.
+    s.collect();
+    merged
 }
 
 impl Program for Msort {
@@ -477,7 +485,7 @@ impl Program for Msort {
     fn generate(&self, p: &Params, seed: u64) -> Vec<i64> {
         input::hashed_i64(p.n as usize, seed)
     }
-    fn run<'a>(&self, v: Variant, xs: &'a Vec<i64>) -> Vec<i64> {
+    fn run(&self, v: Variant, xs: &Vec<i64>) -> Vec<i64> {
         match v {
             Variant::Seq => {
                 let mut out = xs.to_vec();
@@ -680,7 +688,7 @@ impl Program for Mcss {
     fn generate(&self, p: &Params, seed: u64) -> Vec<i64> {
         input::small_i64(p.n as usize, seed)
     }
-    fn run<'a>(&self, v: Variant, xs: &'a Vec<i64>) -> i64 {
+    fn run(&self, v: Variant, xs: &Vec<i64>) -> i64 {
         if xs.is_empty() {
             return 0;
         }
@@ -786,7 +794,7 @@ impl Program for Linefit {
     fn generate(&self, p: &Params, seed: u64) -> Vec<(i64, i64)> {
         input::line_points(p.n as usize, seed)
     }
-    fn run<'a>(&self, v: Variant, pts: &'a Vec<(i64, i64)>) -> (f64, f64) {
+    fn run(&self, v: Variant, pts: &Vec<(i64, i64)>) -> (f64, f64) {
         match v {
             Variant::Seq => pts.iter().fold(Sums::default(), Sums::add).fit(),
             Variant::Rayon => pts
@@ -851,7 +859,7 @@ impl Program for SparseMxv {
     fn generate(&self, p: &Params, seed: u64) -> (Csr, Vec<f64>) {
         input::sparse(p.n as usize, p.grain as usize, seed)
     }
-    fn run<'a>(&self, v: Variant, (m, x): &'a (Csr, Vec<f64>)) -> Vec<f64> {
+    fn run(&self, v: Variant, (m, x): &(Csr, Vec<f64>)) -> Vec<f64> {
         match v {
             Variant::Seq => (0..m.rows).map(|r| row_dot(m, x, r)).collect(),
             Variant::Rayon => (0..m.rows)
@@ -921,7 +929,7 @@ impl Program for Wc {
     fn generate(&self, p: &Params, seed: u64) -> String {
         input::text(p.n as usize, seed)
     }
-    fn run<'a>(&self, v: Variant, text: &'a String) -> (u64, u64, u64) {
+    fn run(&self, v: Variant, text: &String) -> (u64, u64, u64) {
         let bytes = text.as_bytes();
         let (lines, words) = match v {
             Variant::Seq => wc_chunk(bytes, true),
@@ -1001,7 +1009,7 @@ impl Program for Fib {
         assert!(p.n <= 92, "fib: n at most 92 (u64)");
         (p.n, p.grain)
     }
-    fn run<'a>(&self, v: Variant, &(n, cutoff): &'a (u64, u64)) -> u64 {
+    fn run(&self, v: Variant, &(n, cutoff): &(u64, u64)) -> u64 {
         match v {
             Variant::Seq => fib_seq(n),
             Variant::Rayon => fib_par(n, cutoff),
@@ -1104,7 +1112,7 @@ impl Program for Nqueens {
         assert!((1..=31).contains(&p.n), "nqueens: n in 1..=31");
         (p.n, p.grain)
     }
-    fn run<'a>(&self, v: Variant, &(n, depth): &'a (u64, u64)) -> u64 {
+    fn run(&self, v: Variant, &(n, depth): &(u64, u64)) -> u64 {
         let all = (1u32 << n) - 1;
         match v {
             Variant::Seq => queens_seq(all, 0, 0, 0),
