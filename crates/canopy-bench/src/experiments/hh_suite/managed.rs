@@ -140,6 +140,39 @@ pub fn rope_to_vec<T: Unboxed>(s: &mut Scope<'_>, g: Gc<'_>) -> Vec<T> {
     out
 }
 
+/// Elements below which [`rope_copy_par`] copies without forking.
+const COPY_GRAIN: usize = 1 << 16;
+
+/// Copy a rope's elements into `out` (exactly its length), forking with
+/// `Scope::par` along the rope's joins down to [`COPY_GRAIN`] elements.
+pub fn rope_copy_par<T: Unboxed>(s: &mut Scope<'_>, g: Gc<'_>, out: &mut [T]) {
+    if out.len() <= COPY_GRAIN || s.kind(g) != Kind::Tuple {
+        let mut at = 0;
+        s.scope(|s| {
+            rope_for_each::<T>(s, g, &mut |xs| {
+                out[at..at + xs.len()].copy_from_slice(xs);
+                at += xs.len();
+            })
+        });
+        debug_assert_eq!(at, out.len());
+        return;
+    }
+    let (Val::Obj(l), Val::Obj(r)) = (s.get(g, 1), s.get(g, 2)) else {
+        unreachable!("rope nodes hold two ropes")
+    };
+    let (a, b) = out.split_at_mut(rope_len::<T>(s, l));
+    s.par(|s| rope_copy_par::<T>(s, l, a), |s| rope_copy_par::<T>(s, r, b));
+}
+
+/// A rope's elements in a `Vec`, copied in parallel ([`rope_copy_par`]) into
+/// a zeroed vector (`vec![0; n]` comes from `calloc`: fresh zero pages, so
+/// the copy is the one pass that touches it).
+pub fn rope_to_vec_par<T: Unboxed + Default>(s: &mut Scope<'_>, g: Gc<'_>) -> Vec<T> {
+    let mut out = vec![T::default(); rope_len::<T>(s, g)];
+    rope_copy_par::<T>(s, g, &mut out);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,7 +200,9 @@ mod tests {
                 k
             });
             assert!(s.raw_slice::<u32>(out).iter().copied().eq(0..3000));
-            rope_to_vec::<u32>(s, r)
+            let seq = rope_to_vec::<u32>(s, r);
+            assert_eq!(rope_to_vec_par::<u32>(s, r), seq);
+            seq
         });
         let want: Vec<u32> = (0..37u32).flat_map(|i| (0..i % 5).map(move |k| i * 10 + k)).collect();
         assert_eq!(v, want);

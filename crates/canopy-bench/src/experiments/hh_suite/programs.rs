@@ -234,7 +234,7 @@ fn primes_hh(n: usize, m: usize, segments: usize) -> Vec<u32> {
         let rope = managed::par_rope::<u32, _>(s, 0..segments, &|s, seg| {
             primes_segment_hh(s, seg, m, sieving)
         });
-        managed::rope_to_vec::<u32>(s, rope)
+        managed::rope_to_vec_par::<u32>(s, rope)
     })
 }
 
@@ -499,7 +499,7 @@ impl Program for Msort {
             }
             Variant::Hh => managed::run(|s| {
                 let sorted = msort_hh(s, xs);
-                managed::rope_to_vec::<i64>(s, sorted)
+                managed::rope_to_vec_par::<i64>(s, sorted)
             }),
         }
     }
