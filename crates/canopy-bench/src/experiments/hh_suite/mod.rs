@@ -378,7 +378,7 @@ pub struct ChildCommand {
 pub struct HhOptions {
     /// Programs to run (empty: all).
     pub programs: Vec<String>,
-    /// Thread counts of the rayon variant.
+    /// Thread counts of the rayon and canopy-hh variants.
     pub threads: Vec<usize>,
     /// Untimed runs before the timed one, in each child.
     pub warmups: usize,
