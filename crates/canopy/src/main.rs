@@ -59,9 +59,9 @@ region per level (§4.3, §6.3); target: the list packs into a handful of runs.
 Parallel benchmark suite (paper 004, Arora et al., \"Efficient Parallel Functional Programming with \
 Effects\", §5):
   hh-suite       primes, msort-int64, tokens, mcss, linefit, sparse-mxv, wc, fib and nqueens: the \
-sequential Rust baseline against rayon on the system allocator at 1, 2, ... threads, each run in its \
-own child process; T_1/T_s, T_2/T_s, speedup and peak RSS against the baseline, like the paper's \
-Fig. 6. The canopy-hh column (MPL's hierarchical heaps) joins when that layer lands.
+sequential Rust baseline against rayon on the system allocator and against canopy-hh (MPL's \
+hierarchical heaps) at 1, 2, ... threads, each run in its own child process; T_1/T_s, T_2/T_s, \
+speedup, time against rayon, peak RSS against the baseline and GC counters, like the paper's Fig. 6.
 
 Experiments of the other papers (the Microgrid delegated reference counting, the GUM virtual shared \
 heap) will join as their layers land.
@@ -203,7 +203,7 @@ enum Experiment {
     RcFft(RcArgs),
     /// canopy-rc: reuse accuracy of delegated counting after k concurrent tasks (false shared / false unique)
     RcReuse(RcArgs),
-    /// Parallel suite of paper 004 §5: sequential baseline vs rayon (canopy-hh to come)
+    /// Parallel suite of paper 004 §5: sequential baseline, rayon and canopy-hh
     #[command(
         long_about = "The parallel benchmark suite of paper 004 (Arora, Westrick, Acar, \"Efficient Parallel \
                             Functional Programming with Effects\"), §5 \"Evaluation\": the programs of its \
@@ -211,12 +211,14 @@ enum Experiment {
                             msort-int64 (2*10^7 hashed int64), tokens, mcss, linefit, sparse-mxv (10^8 nonzeros), wc - \
                             plus fib and nqueens for fine-grained forking. Each program has a sequential Rust baseline \
                             (one thread, no runtime: the analogue of the paper's MLton column) and a rayon version on the \
-                            system allocator. Inputs are generated deterministically from --seed. Every run is a child \
+                            system allocator, and a canopy-hh version (hierarchical heaps: a managed heap per task, the analogue of the \
+                            paper's MPL column) whose children also report the collector's counters. Inputs are generated \
+                            deterministically from --seed. Every run is a child \
                             process of this binary (peak RSS = its VmHWM); configurations run interleaved, medians are \
-                            reported. Every rayon answer must equal the sequential one, or the run fails naming the \
-                            program, variant and input. Reported like the paper's Fig. 6: T_p/T_s, the speedup T_1/T_2, \
-                            R_p/R_s and their geomeans (paper: MPL* T_1/T_s geomean 1.34). The canopy-hh column is \
-                            missing until the canopy-hh layer lands; no number is shown for it."
+                            reported. Every rayon and canopy-hh answer must equal the sequential one, or the run fails \
+                            naming the program, variant and input. Reported like the paper's Fig. 6: T_p/T_s, the speedup \
+                            T_1/T_2, R_p/R_s and their geomeans (paper: MPL* T_1/T_s geomean 1.34), canopy-hh's time against \
+                            rayon at the same thread count, and issue 5's targets for canopy-hh."
     )]
     HhSuite(HhSuiteArgs),
     /// One measured run of one hh-suite program (used by `bench hh-suite`)
@@ -259,7 +261,7 @@ fn rc_common(cli: &Cli, a: &RcArgs) -> rc::RcCommon {
 struct HhSuiteArgs {
     #[command(flatten)]
     size: SizeArgs,
-    /// Thread counts of the rayon runs, comma-separated [default: 1, 2, 4, ... up to the number of CPUs]
+    /// Thread counts of the rayon and canopy-hh runs, comma-separated [default: 1, 2, 4, ... up to the number of CPUs]
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     threads: Option<Vec<usize>>,
     /// Programs to run, comma-separated [default: primes,msort-int64,tokens,mcss,linefit,sparse-mxv,wc,fib,nqueens]

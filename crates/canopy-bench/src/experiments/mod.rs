@@ -12,7 +12,7 @@
 //! | [`region_speed`] | allocate/free in a region and free a whole region, vs. malloc, bumpalo, typed-arena, slab | 002 §4.3 |
 //! | [`region_pack`] | packing a 30,000-node list and a per-level-region oct-tree into runs | 002 §4.3, §6.3 |
 //! | [`rc`] | canopy-rc: SAC on `Array`, the synthetic RC kernel, 2-D FFT, reuse accuracy | 000 Fig. 1, 003 |
-//! | [`hh_suite`] | primes, msort-int64, tokens, mcss, linefit, sparse-mxv, wc, fib, nqueens: sequential vs rayon (canopy-hh to come) | 004 §5, Figs. 6, 9, 10 |
+//! | [`hh_suite`] | primes, msort-int64, tokens, mcss, linefit, sparse-mxv, wc, fib, nqueens: sequential vs rayon vs canopy-hh | 004 §5, Figs. 6, 9, 10 |
 
 use std::path::PathBuf;
 use std::time::Duration;

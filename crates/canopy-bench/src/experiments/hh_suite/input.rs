@@ -89,7 +89,7 @@ pub fn sparse(rows: usize, degree: usize, seed: u64) -> (Csr, Vec<f64>) {
     let nnz = rows * degree;
     let cols: Vec<u32> = (0..nnz as u64)
         .into_par_iter()
-        .map(|k| ((at(seed, k) >> 32) * rows as u64 >> 32) as u32)
+        .map(|k| (((at(seed, k) >> 32) * rows as u64) >> 32) as u32)
         .collect();
     let vals: Vec<f64> = (0..nnz as u64)
         .into_par_iter()

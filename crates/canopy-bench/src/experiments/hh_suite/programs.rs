@@ -3,11 +3,18 @@
 //! output.  The sequential body is the sequential elision of the parallel
 //! algorithm, written as one would write it in plain Rust (the analogue of
 //! the paper's MLton column); the rayon body forks with `rayon::join` or
-//! parallel iterators and allocates with the system allocator.
+//! parallel iterators and allocates with the system allocator; the canopy-hh
+//! body forks with `Scope::par` (and `par_for`, `par_reduce`, `par_gc`) and
+//! allocates what the algorithm allocates in the managed heap, reading the
+//! input where the harness left it (borrowed Rust data, as the rayon body
+//! does). Its last step turns the managed result into the program's `Output`
+//! in one pass.
 
+use canopy_hh::{Gc, Scope};
 use rayon::prelude::*;
 
 use super::input::{self, Csr};
+use super::managed;
 use super::{Answer, Params, Program, Variant};
 use crate::report::Size;
 
@@ -116,6 +123,121 @@ fn sieve_segment(
     }
 }
 
+/// The odd primes up to `limit` by the plain sieve, as an immutable raw
+/// array of the managed heap (the map is a managed byte array).
+fn small_primes_hh<'s>(s: &mut Scope<'s>, limit: usize) -> Gc<'s> {
+    let m = limit.saturating_sub(1) / 2;
+    let map = s.raw::<u8>(m + 1);
+    let mut count = 0;
+    {
+        let composite = s.raw_mut::<u8>(map);
+        for k in 1..=m {
+            if composite[k] == 0 {
+                count += 1;
+                let p = 2 * k + 1;
+                let mut j = (p * p - 1) / 2;
+                while j <= m {
+                    composite[j] = 1;
+                    j += p;
+                }
+            }
+        }
+    }
+    let out = s.raw::<u32>(count);
+    let mut k = 1;
+    managed::fill_staged::<u32>(s, out, |s, buf| {
+        let composite = s.raw_slice::<u8>(map);
+        let mut w = 0;
+        while w < buf.len() {
+            if composite[k] == 0 {
+                buf[w] = (2 * k + 1) as u32;
+                w += 1;
+            }
+            k += 1;
+        }
+        w
+    });
+    s.freeze(out);
+    out
+}
+
+/// Segment `seg` sieved in a fresh managed byte map (the zeroed allocation is
+/// the baseline's `fill(false)`), its primes returned as a fresh immutable raw
+/// array of exactly their number. The map dies here: the task collects its
+/// heap before it returns, so the map's chunk goes back to the allocator (and
+/// to the next segment on this thread) instead of waiting in the joined heaps
+/// until the end of the run (no collection starts on its own there: see the
+/// README).
+fn primes_segment_hh<'a>(s: &mut Scope<'a>, seg: usize, m: usize, sieving: Gc<'_>) -> Gc<'a> {
+    let out = s.scope_keep(|s| primes_sieve_hh(s, seg, m, sieving));
+    s.collect();
+    out
+}
+
+/// [`primes_segment_hh`] up to the collection. The sieving primes are read
+/// through a small stack buffer: the map's writable view excludes a view of
+/// another array.
+fn primes_sieve_hh<'a>(s: &mut Scope<'a>, seg: usize, m: usize, sieving: Gc<'_>) -> Gc<'a> {
+    let lo = seg * PRIME_SEGMENT;
+    let hi = ((seg + 1) * PRIME_SEGMENT).min(m + 1);
+    let top = 2 * hi + 1;
+    let map = s.raw::<u8>(hi - lo);
+    let np = s.raw_len::<u32>(sieving);
+    let mut buf = [0u32; 256];
+    let mut i = 0;
+    'primes: while i < np {
+        let k = (np - i).min(buf.len());
+        buf[..k].copy_from_slice(&s.raw_slice::<u32>(sieving)[i..i + k]);
+        i += k;
+        let composite = s.raw_mut::<u8>(map);
+        for &p in &buf[..k] {
+            let p = p as usize;
+            if p * p >= top {
+                break 'primes;
+            }
+            let r = (p - 1) / 2;
+            let mut j = lo + (r + p - lo % p) % p;
+            j = j.max((p * p - 1) / 2);
+            while j < hi {
+                composite[j - lo] = 1;
+                j += p;
+            }
+        }
+    }
+    let count = s.raw_slice::<u8>(map).iter().filter(|&&c| c == 0).count();
+    let out = s.raw::<u32>(count);
+    let mut at = 0;
+    managed::fill_staged::<u32>(s, out, |s, buf| {
+        let composite = s.raw_slice::<u8>(map);
+        let mut w = 0;
+        while w < buf.len() {
+            if composite[at] == 0 {
+                let k = lo + at;
+                // k = 0 stands for 1, which is not prime; 2 takes its place.
+                buf[w] = if k == 0 { 2 } else { (2 * k + 1) as u32 };
+                w += 1;
+            }
+            at += 1;
+        }
+        w
+    });
+    s.freeze(out);
+    out
+}
+
+/// Every prime up to n (n >= 2): one task per segment, each returning its
+/// primes as a managed array; the arrays are joined into a rope at the joins
+/// (no copying) and copied once into the output `Vec`.
+fn primes_hh(n: usize, m: usize, segments: usize) -> Vec<u32> {
+    managed::run(|s| {
+        let sieving = small_primes_hh(s, (n as f64).sqrt() as usize + 1);
+        let rope = managed::par_rope::<u32, _>(s, 0..segments, &|s, seg| {
+            primes_segment_hh(s, seg, m, sieving)
+        });
+        managed::rope_to_vec_par::<u32>(s, rope)
+    })
+}
+
 impl Program for Primes {
     type Input = usize;
     type Output<'a> = Vec<u32>;
@@ -135,13 +257,16 @@ impl Program for Primes {
         assert!(p.n <= u32::MAX as u64, "primes: n must fit in u32");
         p.n as usize
     }
-    fn run<'a>(&self, v: Variant, &n: &'a usize) -> Vec<u32> {
+    fn run(&self, v: Variant, &n: &usize) -> Vec<u32> {
         if n < 2 {
             return Vec::new();
         }
         let m = (n - 1) / 2;
-        let sieving = small_primes((n as f64).sqrt() as usize + 1);
         let segments = (m + 1).div_ceil(PRIME_SEGMENT);
+        if v == Variant::Hh {
+            return primes_hh(n, m, segments);
+        }
+        let sieving = small_primes((n as f64).sqrt() as usize + 1);
         match v {
             Variant::Seq => {
                 // ~n / ln n primes; a little more room avoids the last doubling.
@@ -161,6 +286,7 @@ impl Program for Primes {
                     out
                 })
                 .collect(),
+            Variant::Hh => unreachable!("handled above"),
         }
     }
     fn answer(&self, out: &Vec<u32>, _input: &usize) -> Answer {
@@ -180,6 +306,167 @@ impl Program for Primes {
 /// Merge sort of hashed 64-bit integers into a new vector.
 pub struct Msort;
 
+/// Elements below which the canopy-hh merge sort sorts sequentially.
+const MSORT_CUTOFF: usize = 1 << 18;
+
+/// Elements per piece of a canopy-hh merge: a merge of more is split into
+/// pieces merged by parallel tasks, each into its own array.
+const MERGE_PIECE: usize = 1 << 18;
+
+/// Merge `x[*i..]` and `y[*j..]` (stably: ties from `x` first) into `buf`
+/// until `buf` is full or one of them runs out; advances `i` and `j` and
+/// returns the elements written.
+#[inline]
+fn merge_into(x: &[i64], y: &[i64], i: &mut usize, j: &mut usize, buf: &mut [i64]) -> usize {
+    let (mut a, mut b, mut k) = (*i, *j, 0);
+    while k < buf.len() && a < x.len() && b < y.len() {
+        // Steps that cannot exhaust either run or the buffer.
+        let steps = (buf.len() - k).min(x.len() - a).min(y.len() - b);
+        for slot in &mut buf[k..k + steps] {
+            let (u, v) = (x[a], y[b]);
+            let take_x = u <= v;
+            *slot = if take_x { u } else { v };
+            a += usize::from(take_x);
+            b += usize::from(!take_x);
+        }
+        k += steps;
+    }
+    (*i, *j) = (a, b);
+    k
+}
+
+/// A sorted sequence held as a rope of immutable raw arrays (see
+/// `managed::rope_*`), seen from one task: its leaves' handles and where
+/// each starts.
+struct Runs<'s> {
+    leaves: Vec<Gc<'s>>,
+    starts: Vec<usize>,
+    len: usize,
+}
+
+impl<'s> Runs<'s> {
+    fn of(s: &Scope<'s>, rope: Gc<'_>) -> Runs<'s> {
+        let mut leaves = Vec::new();
+        collect_leaves(s, rope, &mut leaves);
+        let mut starts = Vec::with_capacity(leaves.len());
+        let mut len = 0;
+        for &g in &leaves {
+            starts.push(len);
+            len += s.raw_len::<i64>(g);
+        }
+        Runs { leaves, starts, len }
+    }
+
+    /// (leaf, offset) of element `i` (`i < len`).
+    fn locate(&self, i: usize) -> (usize, usize) {
+        let l = self.starts.partition_point(|&st| st <= i) - 1;
+        (l, i - self.starts[l])
+    }
+
+    fn at(&self, s: &Scope<'_>, i: usize) -> i64 {
+        let (l, o) = self.locate(i);
+        s.raw_slice::<i64>(self.leaves[l])[o]
+    }
+}
+
+fn collect_leaves<'s>(s: &Scope<'s>, g: Gc<'_>, out: &mut Vec<Gc<'s>>) {
+    if s.kind(g) == canopy_hh::Kind::Tuple {
+        for f in [1, 2] {
+            if let canopy_hh::Val::Obj(c) = s.get(g, f) {
+                collect_leaves(s, c, out);
+            }
+        }
+    } else if s.raw_len::<i64>(g) > 0 {
+        out.push(s.rebind(g));
+    }
+}
+
+/// How many of the first `t` elements of the stable merge of `a` and `b`
+/// come from `a` (ties go to `a`).
+fn co_rank(s: &Scope<'_>, a: &Runs<'_>, b: &Runs<'_>, t: usize) -> usize {
+    let (mut lo, mut hi) = (t.saturating_sub(b.len), t.min(a.len));
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if a.at(s, mid) <= b.at(s, t - mid - 1) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// Elements `range` of the stable merge of the sorted ropes `a` and `b`, as
+/// a fresh immutable raw array (written through a stack buffer, the runs
+/// read leaf by leaf).
+fn merge_piece<'t>(s: &mut Scope<'t>, a: Gc<'_>, b: Gc<'_>, range: std::ops::Range<usize>) -> Gc<'t> {
+    let out = s.raw::<i64>(range.len());
+    let (ra, rb) = (Runs::of(s, a), Runs::of(s, b));
+    let ia = co_rank(s, &ra, &rb, range.start);
+    let (mut ca, mut cb) = (
+        if ia < ra.len { ra.locate(ia) } else { (ra.leaves.len(), 0) },
+        if range.start - ia < rb.len { rb.locate(range.start - ia) } else { (rb.leaves.len(), 0) },
+    );
+    managed::fill_staged::<i64>(s, out, |s, buf| {
+        let empty: &[i64] = &[];
+        let x = ra.leaves.get(ca.0).map_or(empty, |&g| s.raw_slice::<i64>(g));
+        let y = rb.leaves.get(cb.0).map_or(empty, |&g| s.raw_slice::<i64>(g));
+        let k = if ca.0 == ra.leaves.len() {
+            let k = buf.len().min(y.len() - cb.1);
+            buf[..k].copy_from_slice(&y[cb.1..cb.1 + k]);
+            cb.1 += k;
+            k
+        } else if cb.0 == rb.leaves.len() {
+            let k = buf.len().min(x.len() - ca.1);
+            buf[..k].copy_from_slice(&x[ca.1..ca.1 + k]);
+            ca.1 += k;
+            k
+        } else {
+            merge_into(x, y, &mut ca.1, &mut cb.1, buf)
+        };
+        if ca.0 < ra.leaves.len() && ca.1 == x.len() {
+            ca = (ca.0 + 1, 0);
+        }
+        if cb.0 < rb.leaves.len() && cb.1 == y.len() {
+            cb = (cb.0 + 1, 0);
+        }
+        k
+    });
+    s.freeze(out);
+    out
+}
+
+/// The sorted elements of `xs` as a rope of fresh immutable raw arrays:
+/// halves sorted by two tasks (`par_gc`) and merged, in pieces of
+/// [`MERGE_PIECE`] elements by parallel tasks (`par_rope`), each piece a new
+/// array; below the cutoff, a copy sorted by `slice::sort` (the baseline's
+/// sort).
+fn msort_hh<'a>(s: &mut Scope<'a>, xs: &[i64]) -> Gc<'a> {
+    if xs.len() <= MSORT_CUTOFF {
+        let out = s.raw::<i64>(xs.len());
+        let o = s.raw_mut::<i64>(out);
+        o.copy_from_slice(xs);
+        o.sort();
+        s.freeze(out);
+        return out;
+    }
+    let (l, r) = xs.split_at(xs.len() / 2);
+    let n = xs.len();
+    managed::own_bump_chunk(s);
+    let merged = s.scope_keep(|s| {
+        let (a, b) = s.par_gc(|s| msort_hh(s, l), |s| msort_hh(s, r));
+        managed::par_rope::<i64, _>(s, 0..n.div_ceil(MERGE_PIECE), &|s, p| {
+            merge_piece(s, a, b, p * MERGE_PIECE..((p + 1) * MERGE_PIECE).min(n))
+        })
+    });
+    // The two sorted halves are garbage now, half of this heap. Nothing here
+    // allocates enough to start a collection by itself (the pieces are
+    // allocated by fresh child heaps), so collect: the pieces are large
+    // objects and stay in place; the halves' chunks are released.
+    s.collect();
+    merged
+}
+
 impl Program for Msort {
     type Input = Vec<i64>;
     type Output<'a> = Vec<i64>;
@@ -198,7 +485,7 @@ impl Program for Msort {
     fn generate(&self, p: &Params, seed: u64) -> Vec<i64> {
         input::hashed_i64(p.n as usize, seed)
     }
-    fn run<'a>(&self, v: Variant, xs: &'a Vec<i64>) -> Vec<i64> {
+    fn run(&self, v: Variant, xs: &Vec<i64>) -> Vec<i64> {
         match v {
             Variant::Seq => {
                 let mut out = xs.to_vec();
@@ -210,6 +497,10 @@ impl Program for Msort {
                 out.par_sort();
                 out
             }
+            Variant::Hh => managed::run(|s| {
+                let sorted = msort_hh(s, xs);
+                managed::rope_to_vec_par::<i64>(s, sorted)
+            }),
         }
     }
     fn answer(&self, out: &Vec<i64>, _input: &Vec<i64>) -> Answer {
@@ -238,6 +529,63 @@ fn offsets_hash(text: &str, toks: &[&str]) -> u64 {
     )
 }
 
+/// Bytes of text per canopy-hh tokens task: about 6.7k tokens, whose 8-byte
+/// entries (53 KB) fit one 64 KiB chunk of the managed heap.
+const TOKENS_BLOCK: usize = 56 << 10;
+
+/// The tokens starting in block `b` of the text, as a fresh immutable raw
+/// array of `offset << 32 | length` (an unboxed pair per token): counted in a
+/// first pass, written in a second.
+fn tokens_block_hh<'a>(s: &mut Scope<'a>, bytes: &[u8], b: usize) -> Gc<'a> {
+    let lo = b * TOKENS_BLOCK;
+    let hi = (lo + TOKENS_BLOCK).min(bytes.len());
+    let before = lo == 0 || bytes[lo - 1].is_ascii_whitespace();
+    let (_, count) = wc_chunk(&bytes[lo..hi], before);
+    let out = s.raw::<u64>(count as usize);
+    let o = s.raw_mut::<u64>(out);
+    let (mut i, mut w, mut prev_space) = (lo, 0, before);
+    while i < hi {
+        let space = bytes[i].is_ascii_whitespace();
+        if prev_space && !space {
+            let mut j = i + 1;
+            while j < bytes.len() && !bytes[j].is_ascii_whitespace() {
+                j += 1;
+            }
+            o[w] = ((i as u64) << 32) | (j - i) as u64;
+            w += 1;
+            i = j;
+            prev_space = false;
+        } else {
+            prev_space = space;
+            i += 1;
+        }
+    }
+    debug_assert_eq!(w, o.len());
+    s.freeze(out);
+    out
+}
+
+/// The tokens: one task per block, blocks' arrays joined into a rope, and
+/// the rope turned into `&str`s of the text in one pass.
+fn tokens_hh(text: &str) -> Vec<&str> {
+    let bytes = text.as_bytes();
+    assert!(bytes.len() < 1 << 32, "tokens: the canopy-hh version packs offsets in 32 bits");
+    managed::run(|s| {
+        let blocks = bytes.len().div_ceil(TOKENS_BLOCK);
+        let rope = managed::par_rope::<u64, _>(s, 0..blocks, &|s, b| tokens_block_hh(s, bytes, b));
+        let mut out = Vec::with_capacity(managed::rope_len::<u64>(s, rope));
+        s.scope(|s| {
+            managed::rope_for_each::<u64>(s, rope, &mut |toks| {
+                out.extend(toks.iter().map(|&t| {
+                    let (at, len) = ((t >> 32) as usize, (t & 0xffff_ffff) as usize);
+                    &text[at..at + len]
+                }))
+            })
+        });
+        out
+    })
+}
+
 impl Program for Tokens {
     type Input = String;
     type Output<'a> = Vec<&'a str>;
@@ -260,6 +608,7 @@ impl Program for Tokens {
         match v {
             Variant::Seq => text.split_ascii_whitespace().collect(),
             Variant::Rayon => text.par_split_ascii_whitespace().collect(),
+            Variant::Hh => tokens_hh(text),
         }
     }
     fn answer(&self, out: &Vec<&str>, text: &String) -> Answer {
@@ -316,6 +665,11 @@ impl McssSummary {
 /// Elements per leaf of the parallel mcss and linefit reductions.
 const LEAF: usize = 1 << 14;
 
+/// Elements per leaf task of the canopy-hh mcss and linefit reductions
+/// (`par_reduce` forks down to this many, where rayon's adaptive splitting
+/// stops by itself).
+const HH_LEAF: usize = 1 << 16;
+
 impl Program for Mcss {
     type Input = Vec<i64>;
     type Output<'a> = i64;
@@ -334,7 +688,7 @@ impl Program for Mcss {
     fn generate(&self, p: &Params, seed: u64) -> Vec<i64> {
         input::small_i64(p.n as usize, seed)
     }
-    fn run<'a>(&self, v: Variant, xs: &'a Vec<i64>) -> i64 {
+    fn run(&self, v: Variant, xs: &Vec<i64>) -> i64 {
         if xs.is_empty() {
             return 0;
         }
@@ -352,6 +706,15 @@ impl Program for Mcss {
                 .map(McssSummary::of)
                 .reduce_with(McssSummary::join)
                 .map_or(0, |s| s.best),
+            Variant::Hh => managed::run(|s| {
+                s.par_reduce(
+                    0..xs.len(),
+                    HH_LEAF,
+                    |_, r| McssSummary::of(&xs[r]),
+                    McssSummary::join,
+                )
+                .best
+            }),
         }
     }
     fn answer(&self, out: &i64, _input: &Vec<i64>) -> Answer {
@@ -431,7 +794,7 @@ impl Program for Linefit {
     fn generate(&self, p: &Params, seed: u64) -> Vec<(i64, i64)> {
         input::line_points(p.n as usize, seed)
     }
-    fn run<'a>(&self, v: Variant, pts: &'a Vec<(i64, i64)>) -> (f64, f64) {
+    fn run(&self, v: Variant, pts: &Vec<(i64, i64)>) -> (f64, f64) {
         match v {
             Variant::Seq => pts.iter().fold(Sums::default(), Sums::add).fit(),
             Variant::Rayon => pts
@@ -439,6 +802,15 @@ impl Program for Linefit {
                 .map(|c| c.iter().fold(Sums::default(), Sums::add))
                 .reduce(Sums::default, Sums::join)
                 .fit(),
+            Variant::Hh => managed::run(|s| {
+                s.par_reduce(
+                    0..pts.len(),
+                    HH_LEAF,
+                    |_, r| pts[r].iter().fold(Sums::default(), Sums::add),
+                    Sums::join,
+                )
+            })
+            .fit(),
         }
     }
     fn answer(&self, &(s, i): &(f64, f64), _input: &Vec<(i64, i64)>) -> Answer {
@@ -464,6 +836,9 @@ fn row_dot(m: &Csr, x: &[f64], r: usize) -> f64 {
         .sum()
 }
 
+/// Rows per canopy-hh sparse-mxv task.
+const MXV_ROWS: usize = 1 << 10;
+
 impl Program for SparseMxv {
     type Input = (Csr, Vec<f64>);
     type Output<'a> = Vec<f64>;
@@ -484,13 +859,24 @@ impl Program for SparseMxv {
     fn generate(&self, p: &Params, seed: u64) -> (Csr, Vec<f64>) {
         input::sparse(p.n as usize, p.grain as usize, seed)
     }
-    fn run<'a>(&self, v: Variant, (m, x): &'a (Csr, Vec<f64>)) -> Vec<f64> {
+    fn run(&self, v: Variant, (m, x): &(Csr, Vec<f64>)) -> Vec<f64> {
         match v {
             Variant::Seq => (0..m.rows).map(|r| row_dot(m, x, r)).collect(),
             Variant::Rayon => (0..m.rows)
                 .into_par_iter()
                 .map(|r| row_dot(m, x, r))
                 .collect(),
+            // y is one managed raw array of the root task; the tasks fill
+            // disjoint blocks of rows with raw_set.
+            Variant::Hh => managed::run(|s| {
+                let y = s.raw::<f64>(m.rows);
+                s.par_for(0..m.rows.div_ceil(MXV_ROWS), 1, |s, b| {
+                    for r in b * MXV_ROWS..((b + 1) * MXV_ROWS).min(m.rows) {
+                        s.raw_set(y, r, row_dot(m, x, r));
+                    }
+                });
+                s.raw_slice::<f64>(y).to_vec()
+            }),
         }
     }
     fn answer(&self, y: &Vec<f64>, _input: &(Csr, Vec<f64>)) -> Answer {
@@ -522,6 +908,9 @@ fn wc_chunk(chunk: &[u8], mut prev_space: bool) -> (u64, u64) {
 /// Bytes per leaf of the parallel wc.
 const WC_LEAF: usize = 1 << 16;
 
+/// Bytes per leaf task of the canopy-hh wc.
+const WC_HH_LEAF: usize = 1 << 18;
+
 impl Program for Wc {
     type Input = String;
     type Output<'a> = (u64, u64, u64);
@@ -540,7 +929,7 @@ impl Program for Wc {
     fn generate(&self, p: &Params, seed: u64) -> String {
         input::text(p.n as usize, seed)
     }
-    fn run<'a>(&self, v: Variant, text: &'a String) -> (u64, u64, u64) {
+    fn run(&self, v: Variant, text: &String) -> (u64, u64, u64) {
         let bytes = text.as_bytes();
         let (lines, words) = match v {
             Variant::Seq => wc_chunk(bytes, true),
@@ -549,6 +938,14 @@ impl Program for Wc {
                 .enumerate()
                 .map(|(i, c)| wc_chunk(c, i == 0 || bytes[i * WC_LEAF - 1].is_ascii_whitespace()))
                 .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1)),
+            Variant::Hh => managed::run(|s| {
+                s.par_reduce(
+                    0..bytes.len(),
+                    WC_HH_LEAF,
+                    |_, r| wc_chunk(&bytes[r.clone()], r.start == 0 || bytes[r.start - 1].is_ascii_whitespace()),
+                    |a, b| (a.0 + b.0, a.1 + b.1),
+                )
+            }),
         };
         (lines, words, bytes.len() as u64)
     }
@@ -583,6 +980,15 @@ fn fib_par(n: u64, cutoff: u64) -> u64 {
     }
 }
 
+fn fib_hh(s: &mut Scope<'_>, n: u64, cutoff: u64) -> u64 {
+    if n <= cutoff.max(1) {
+        fib_seq(n)
+    } else {
+        let (a, b) = s.par(|s| fib_hh(s, n - 1, cutoff), |s| fib_hh(s, n - 2, cutoff));
+        a + b
+    }
+}
+
 impl Program for Fib {
     type Input = (u64, u64);
     type Output<'a> = u64;
@@ -603,10 +1009,11 @@ impl Program for Fib {
         assert!(p.n <= 92, "fib: n at most 92 (u64)");
         (p.n, p.grain)
     }
-    fn run<'a>(&self, v: Variant, &(n, cutoff): &'a (u64, u64)) -> u64 {
+    fn run(&self, v: Variant, &(n, cutoff): &(u64, u64)) -> u64 {
         match v {
             Variant::Seq => fib_seq(n),
             Variant::Rayon => fib_par(n, cutoff),
+            Variant::Hh => managed::run(|s| fib_hh(s, n, cutoff)),
         }
     }
     fn answer(&self, f: &u64, _input: &(u64, u64)) -> Answer {
@@ -654,6 +1061,36 @@ fn queens_par(all: u32, cols: u32, d1: u32, d2: u32, depth: u64) -> u64 {
         .sum()
 }
 
+/// [`queens_par`] with `Scope::par`: the free columns of a forked row are
+/// halved (by count) into two tasks down to one column per task.
+fn queens_hh(s: &mut Scope<'_>, all: u32, cols: u32, d1: u32, d2: u32, depth: u64) -> u64 {
+    if depth == 0 || cols == all {
+        return queens_seq(all, cols, d1, d2);
+    }
+    queens_cols_hh(s, all, cols, d1, d2, all & !(cols | d1 | d2), depth)
+}
+
+/// The solutions with the next queen in one of the columns of `set`.
+fn queens_cols_hh(s: &mut Scope<'_>, all: u32, cols: u32, d1: u32, d2: u32, set: u32, depth: u64) -> u64 {
+    match set.count_ones() {
+        0 => 0,
+        1 => queens_hh(s, all, cols | set, (d1 | set) << 1, (d2 | set) >> 1, depth - 1),
+        c => {
+            let (mut low, mut high) = (0u32, set);
+            for _ in 0..c / 2 {
+                let bit = high & high.wrapping_neg();
+                low |= bit;
+                high ^= bit;
+            }
+            let (a, b) = s.par(
+                |s| queens_cols_hh(s, all, cols, d1, d2, low, depth),
+                |s| queens_cols_hh(s, all, cols, d1, d2, high, depth),
+            );
+            a + b
+        }
+    }
+}
+
 impl Program for Nqueens {
     type Input = (u64, u64);
     type Output<'a> = u64;
@@ -675,11 +1112,12 @@ impl Program for Nqueens {
         assert!((1..=31).contains(&p.n), "nqueens: n in 1..=31");
         (p.n, p.grain)
     }
-    fn run<'a>(&self, v: Variant, &(n, depth): &'a (u64, u64)) -> u64 {
+    fn run(&self, v: Variant, &(n, depth): &(u64, u64)) -> u64 {
         let all = (1u32 << n) - 1;
         match v {
             Variant::Seq => queens_seq(all, 0, 0, 0),
             Variant::Rayon => queens_par(all, 0, 0, 0, depth),
+            Variant::Hh => managed::run(|s| queens_hh(s, all, 0, 0, 0, depth)),
         }
     }
     fn answer(&self, c: &u64, _input: &(u64, u64)) -> Answer {

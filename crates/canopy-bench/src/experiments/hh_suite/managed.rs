@@ -1,0 +1,211 @@
+//! Helpers for the `canopy-hh` variant of the programs: running a task tree
+//! while keeping its counters for the child's result line, ropes of raw
+//! arrays (results concatenated at the joins without copying), and staged
+//! writes into a raw array.
+//!
+//! Why staging: `Scope::raw_slice` borrows the scope shared and
+//! `Scope::raw_mut` borrows it exclusively, so a task cannot read one managed
+//! array while it holds a writable view of another (a merge reads two runs
+//! and writes a third). [`fill_staged`] produces up to [`STAGE`] elements at a
+//! time into a buffer on the Rust stack (through read-only views), then
+//! copies the buffer into the output array (through a writable view).
+
+use std::ops::Range;
+use std::sync::Mutex;
+
+use canopy_hh::{Gc, Kind, Scope, Stats, Unboxed, Val};
+
+/// Counters of the last finished [`run`] in this process.
+static LAST: Mutex<Option<Stats>> = Mutex::new(None);
+
+/// `canopy_hh::run_with_stats`, keeping the counters for [`take_stats`].
+pub fn run<R>(f: impl for<'s> FnOnce(&mut Scope<'s>) -> R) -> R {
+    let (r, st) = canopy_hh::run_with_stats(f);
+    *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some(st);
+    r
+}
+
+/// The counters of the last [`run`] (and forget them).
+pub fn take_stats() -> Option<Stats> {
+    LAST.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+/// Elements staged at a time by [`fill_staged`] (8 KiB of `u64`: L1-sized).
+pub const STAGE: usize = 1024;
+
+/// Fill the mutable raw array `out` of this task's heap front to back.
+/// `produce(scope, buf)` writes the next `buf.len()` elements (at most
+/// [`STAGE`], never past the end of `out`) into `buf` and returns how many it
+/// wrote (at least one); it may read any raw array through `scope`.
+pub fn fill_staged<T: Unboxed + Default>(
+    s: &mut Scope<'_>,
+    out: Gc<'_>,
+    mut produce: impl FnMut(&Scope<'_>, &mut [T]) -> usize,
+) {
+    let n = s.raw_len::<T>(out);
+    let mut buf = [T::default(); STAGE];
+    let mut pos = 0;
+    while pos < n {
+        let want = STAGE.min(n - pos);
+        let k = produce(s, &mut buf[..want]);
+        assert!(k > 0 && k <= want, "fill_staged: produced {k} of {want}");
+        s.raw_mut::<T>(out)[pos..pos + k].copy_from_slice(&buf[..k]);
+        pos += k;
+    }
+}
+
+/// Elements of a rope: a raw array of `T` (a leaf) or a tuple
+/// `(length, left, right)`.
+pub fn rope_len<T: Unboxed>(s: &Scope<'_>, g: Gc<'_>) -> usize {
+    if s.kind(g) == Kind::Tuple {
+        s.get_int(g, 0) as usize
+    } else {
+        s.raw_len::<T>(g)
+    }
+}
+
+/// The rope `a ++ b` (a new tuple; neither side is copied; an empty side is
+/// dropped).
+pub fn rope_join<'s, T: Unboxed>(s: &mut Scope<'s>, a: Gc<'s>, b: Gc<'s>) -> Gc<'s> {
+    let (la, lb) = (rope_len::<T>(s, a), rope_len::<T>(s, b));
+    if la == 0 {
+        return s.rebind(b);
+    }
+    if lb == 0 {
+        return s.rebind(a);
+    }
+    s.tuple(&[Val::Int((la + lb) as i64), Val::Obj(a), Val::Obj(b)])
+}
+
+/// A rope of the leaves `leaf(scope, i)` for `i` in `r`, in order: the range
+/// is halved with `par_gc` down to single indices, and the two halves' ropes
+/// are joined by [`rope_join`] in the parent.
+pub fn par_rope<'s, T, L>(s: &mut Scope<'s>, r: Range<usize>, leaf: &L) -> Gc<'s>
+where
+    T: Unboxed,
+    L: for<'a> Fn(&mut Scope<'a>, usize) -> Gc<'a> + Sync,
+{
+    match r.len() {
+        0 => {
+            let e = s.raw::<T>(0);
+            s.freeze(e);
+            e
+        }
+        1 => leaf(s, r.start),
+        len => {
+            let mid = r.start + len / 2;
+            own_bump_chunk(s);
+            let (a, b) = s.par_gc(
+                |s| par_rope::<T, L>(s, r.start..mid, leaf),
+                |s| par_rope::<T, L>(s, mid..r.end, leaf),
+            );
+            rope_join::<T>(s, a, b)
+        }
+    }
+}
+
+/// Make sure this task bump-allocates in a chunk of its own before it forks.
+///
+/// Works around a canopy-hh bug: a task that has no chunk when it joins adopts
+/// the last chunk of its first child as its bump chunk, and when that is a
+/// large-object chunk (a child that allocated nothing but arrays of more than
+/// a quarter chunk), the parent's next small objects are bumped into the slack
+/// after the large object. In a large chunk of several 64 KiB units those
+/// objects are not found by address masking ("no live heap holds it" in debug
+/// builds). One empty tuple before the fork gives the task its own chunk.
+pub fn own_bump_chunk(s: &mut Scope<'_>) {
+    s.scope(|s| {
+        s.tuple(&[]);
+    });
+}
+
+/// Visit the leaves of a rope in order.
+pub fn rope_for_each<T: Unboxed>(s: &Scope<'_>, g: Gc<'_>, f: &mut impl FnMut(&[T])) {
+    if s.kind(g) == Kind::Tuple {
+        for i in [1, 2] {
+            if let Val::Obj(c) = s.get(g, i) {
+                rope_for_each::<T>(s, c, f);
+            }
+        }
+    } else {
+        f(s.raw_slice::<T>(g));
+    }
+}
+
+/// A rope's elements in a `Vec` (one pass; `Vec::with_capacity` of the
+/// exact length).
+pub fn rope_to_vec<T: Unboxed>(s: &mut Scope<'_>, g: Gc<'_>) -> Vec<T> {
+    let mut out = Vec::with_capacity(rope_len::<T>(s, g));
+    s.scope(|s| rope_for_each::<T>(s, g, &mut |xs| out.extend_from_slice(xs)));
+    out
+}
+
+/// Elements below which [`rope_copy_par`] copies without forking.
+const COPY_GRAIN: usize = 1 << 16;
+
+/// Copy a rope's elements into `out` (exactly its length), forking with
+/// `Scope::par` along the rope's joins down to [`COPY_GRAIN`] elements.
+pub fn rope_copy_par<T: Unboxed>(s: &mut Scope<'_>, g: Gc<'_>, out: &mut [T]) {
+    if out.len() <= COPY_GRAIN || s.kind(g) != Kind::Tuple {
+        let mut at = 0;
+        s.scope(|s| {
+            rope_for_each::<T>(s, g, &mut |xs| {
+                out[at..at + xs.len()].copy_from_slice(xs);
+                at += xs.len();
+            })
+        });
+        debug_assert_eq!(at, out.len());
+        return;
+    }
+    let (Val::Obj(l), Val::Obj(r)) = (s.get(g, 1), s.get(g, 2)) else {
+        unreachable!("rope nodes hold two ropes")
+    };
+    let (a, b) = out.split_at_mut(rope_len::<T>(s, l));
+    s.par(|s| rope_copy_par::<T>(s, l, a), |s| rope_copy_par::<T>(s, r, b));
+}
+
+/// A rope's elements in a `Vec`, copied in parallel ([`rope_copy_par`]) into
+/// a zeroed vector (`vec![0; n]` comes from `calloc`: fresh zero pages, so
+/// the copy is the one pass that touches it).
+pub fn rope_to_vec_par<T: Unboxed + Default>(s: &mut Scope<'_>, g: Gc<'_>) -> Vec<T> {
+    let mut out = vec![T::default(); rope_len::<T>(s, g)];
+    rope_copy_par::<T>(s, g, &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ropes_keep_order_and_staging_fills_everything() {
+        let (v, st) = canopy_hh::run_with_stats(|s| {
+            let r = par_rope::<u32, _>(s, 0..37, &|s, i| {
+                let a = s.raw::<u32>(i % 5);
+                for (k, x) in s.raw_mut::<u32>(a).iter_mut().enumerate() {
+                    *x = (i * 10 + k) as u32;
+                }
+                s.freeze(a);
+                a
+            });
+            assert_eq!(rope_len::<u32>(s, r), (0..37).map(|i| i % 5).sum::<usize>());
+            let out = s.raw::<u32>(3000);
+            let mut next = 0u32;
+            fill_staged::<u32>(s, out, |_, buf| {
+                let k = buf.len().min(7);
+                for x in &mut buf[..k] {
+                    *x = next;
+                    next += 1;
+                }
+                k
+            });
+            assert!(s.raw_slice::<u32>(out).iter().copied().eq(0..3000));
+            let seq = rope_to_vec::<u32>(s, r);
+            assert_eq!(rope_to_vec_par::<u32>(s, r), seq);
+            seq
+        });
+        let want: Vec<u32> = (0..37u32).flat_map(|i| (0..i % 5).map(move |k| i * 10 + k)).collect();
+        assert_eq!(v, want);
+        assert!(st.forks > 0);
+    }
+}
