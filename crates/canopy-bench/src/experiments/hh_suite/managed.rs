@@ -54,6 +54,27 @@ pub fn fill_staged<T: Unboxed + Default>(
     }
 }
 
+/// A new mutable raw array of `n` elements produced front to back by
+/// `produce(scope, buf)`, as [`fill_staged`] does, but built with
+/// `Scope::raw_build`: the array is never zeroed, each staged block is
+/// appended once.
+pub fn build_staged<'s, T: Unboxed + Default>(
+    s: &mut Scope<'s>,
+    n: usize,
+    mut produce: impl FnMut(&Scope<'_>, &mut [T]) -> usize,
+) -> Gc<'s> {
+    s.raw_build::<T, ()>(n, |s, out| {
+        let mut buf = [T::default(); STAGE];
+        while out.remaining() > 0 {
+            let want = STAGE.min(out.remaining());
+            let k = produce(s, &mut buf[..want]);
+            assert!(k > 0 && k <= want, "build_staged: produced {k} of {want}");
+            out.extend_from_slice(&buf[..k]);
+        }
+    })
+    .0
+}
+
 /// Elements of a rope: a raw array of `T` (a leaf) or a tuple
 /// `(length, left, right)`.
 pub fn rope_len<T: Unboxed>(s: &Scope<'_>, g: Gc<'_>) -> usize {
@@ -94,7 +115,6 @@ where
         1 => leaf(s, r.start),
         len => {
             let mid = r.start + len / 2;
-            own_bump_chunk(s);
             let (a, b) = s.par_gc(
                 |s| par_rope::<T, L>(s, r.start..mid, leaf),
                 |s| par_rope::<T, L>(s, mid..r.end, leaf),
@@ -102,21 +122,6 @@ where
             rope_join::<T>(s, a, b)
         }
     }
-}
-
-/// Make sure this task bump-allocates in a chunk of its own before it forks.
-///
-/// Works around a canopy-hh bug: a task that has no chunk when it joins adopts
-/// the last chunk of its first child as its bump chunk, and when that is a
-/// large-object chunk (a child that allocated nothing but arrays of more than
-/// a quarter chunk), the parent's next small objects are bumped into the slack
-/// after the large object. In a large chunk of several 64 KiB units those
-/// objects are not found by address masking ("no live heap holds it" in debug
-/// builds). One empty tuple before the fork gives the task its own chunk.
-pub fn own_bump_chunk(s: &mut Scope<'_>) {
-    s.scope(|s| {
-        s.tuple(&[]);
-    });
 }
 
 /// Visit the leaves of a rope in order.

@@ -143,9 +143,8 @@ fn small_primes_hh<'s>(s: &mut Scope<'s>, limit: usize) -> Gc<'s> {
             }
         }
     }
-    let out = s.raw::<u32>(count);
     let mut k = 1;
-    managed::fill_staged::<u32>(s, out, |s, buf| {
+    let out = managed::build_staged::<u32>(s, count, |s, buf| {
         let composite = s.raw_slice::<u8>(map);
         let mut w = 0;
         while w < buf.len() {
@@ -163,37 +162,26 @@ fn small_primes_hh<'s>(s: &mut Scope<'s>, limit: usize) -> Gc<'s> {
 
 /// Segment `seg` sieved in a fresh managed byte map (the zeroed allocation is
 /// the baseline's `fill(false)`), its primes returned as a fresh immutable raw
-/// array of exactly their number. The map dies here: the task collects its
-/// heap before it returns, so the map's chunk goes back to the allocator (and
-/// to the next segment on this thread) instead of waiting in the joined heaps
-/// until the end of the run (no collection starts on its own there: see the
-/// README).
+/// array of exactly their number. The map dies here; the collections at the
+/// joins above reclaim it.
 fn primes_segment_hh<'a>(s: &mut Scope<'a>, seg: usize, m: usize, sieving: Gc<'_>) -> Gc<'a> {
-    let out = s.scope_keep(|s| primes_sieve_hh(s, seg, m, sieving));
-    s.collect();
-    out
+    s.scope_keep(|s| primes_sieve_hh(s, seg, m, sieving))
 }
 
-/// [`primes_segment_hh`] up to the collection. The sieving primes are read
-/// through a small stack buffer: the map's writable view excludes a view of
-/// another array.
+/// [`primes_segment_hh`]: the map is written (`with_raw_mut`) while the
+/// sieving primes are read, and the primes are built straight into their
+/// array (`raw_build`, staged in L1, never zeroed).
 fn primes_sieve_hh<'a>(s: &mut Scope<'a>, seg: usize, m: usize, sieving: Gc<'_>) -> Gc<'a> {
     let lo = seg * PRIME_SEGMENT;
     let hi = ((seg + 1) * PRIME_SEGMENT).min(m + 1);
     let top = 2 * hi + 1;
     let map = s.raw::<u8>(hi - lo);
-    let np = s.raw_len::<u32>(sieving);
-    let mut buf = [0u32; 256];
-    let mut i = 0;
-    'primes: while i < np {
-        let k = (np - i).min(buf.len());
-        buf[..k].copy_from_slice(&s.raw_slice::<u32>(sieving)[i..i + k]);
-        i += k;
-        let composite = s.raw_mut::<u8>(map);
-        for &p in &buf[..k] {
+    // Write the map while reading the sieving primes (no staging).
+    s.with_raw_mut::<u8, ()>(map, |s, composite| {
+        for &p in s.raw_slice::<u32>(sieving) {
             let p = p as usize;
             if p * p >= top {
-                break 'primes;
+                break;
             }
             let r = (p - 1) / 2;
             let mut j = lo + (r + p - lo % p) % p;
@@ -203,11 +191,10 @@ fn primes_sieve_hh<'a>(s: &mut Scope<'a>, seg: usize, m: usize, sieving: Gc<'_>)
                 j += p;
             }
         }
-    }
+    });
     let count = s.raw_slice::<u8>(map).iter().filter(|&&c| c == 0).count();
-    let out = s.raw::<u32>(count);
     let mut at = 0;
-    managed::fill_staged::<u32>(s, out, |s, buf| {
+    let out = managed::build_staged::<u32>(s, count, |s, buf| {
         let composite = s.raw_slice::<u8>(map);
         let mut w = 0;
         while w < buf.len() {
@@ -400,14 +387,13 @@ fn co_rank(s: &Scope<'_>, a: &Runs<'_>, b: &Runs<'_>, t: usize) -> usize {
 /// a fresh immutable raw array (written through a stack buffer, the runs
 /// read leaf by leaf).
 fn merge_piece<'t>(s: &mut Scope<'t>, a: Gc<'_>, b: Gc<'_>, range: std::ops::Range<usize>) -> Gc<'t> {
-    let out = s.raw::<i64>(range.len());
     let (ra, rb) = (Runs::of(s, a), Runs::of(s, b));
     let ia = co_rank(s, &ra, &rb, range.start);
     let (mut ca, mut cb) = (
         if ia < ra.len { ra.locate(ia) } else { (ra.leaves.len(), 0) },
         if range.start - ia < rb.len { rb.locate(range.start - ia) } else { (rb.leaves.len(), 0) },
     );
-    managed::fill_staged::<i64>(s, out, |s, buf| {
+    let out = managed::build_staged::<i64>(s, range.len(), |s, buf| {
         let empty: &[i64] = &[];
         let x = ra.leaves.get(ca.0).map_or(empty, |&g| s.raw_slice::<i64>(g));
         let y = rb.leaves.get(cb.0).map_or(empty, |&g| s.raw_slice::<i64>(g));
@@ -443,27 +429,23 @@ fn merge_piece<'t>(s: &mut Scope<'t>, a: Gc<'_>, b: Gc<'_>, range: std::ops::Ran
 /// sort).
 fn msort_hh<'a>(s: &mut Scope<'a>, xs: &[i64]) -> Gc<'a> {
     if xs.len() <= MSORT_CUTOFF {
-        let out = s.raw::<i64>(xs.len());
-        let o = s.raw_mut::<i64>(out);
-        o.copy_from_slice(xs);
-        o.sort();
+        // Built from the input (no zeroing), then sorted in place.
+        let (out, ()) = s.raw_build::<i64, ()>(xs.len(), |_, o| o.extend_from_slice(xs));
+        s.raw_mut::<i64>(out).sort();
         s.freeze(out);
         return out;
     }
     let (l, r) = xs.split_at(xs.len() / 2);
     let n = xs.len();
-    managed::own_bump_chunk(s);
     let merged = s.scope_keep(|s| {
         let (a, b) = s.par_gc(|s| msort_hh(s, l), |s| msort_hh(s, r));
         managed::par_rope::<i64, _>(s, 0..n.div_ceil(MERGE_PIECE), &|s, p| {
             merge_piece(s, a, b, p * MERGE_PIECE..((p + 1) * MERGE_PIECE).min(n))
         })
     });
-    // The two sorted halves are garbage now, half of this heap. Nothing here
-    // allocates enough to start a collection by itself (the pieces are
-    // allocated by fresh child heaps), so collect: the pieces are large
-    // objects and stay in place; the halves' chunks are released.
-    s.collect();
+    // The two sorted halves are garbage now, half of this heap: the
+    // collection at the join (when the heap is over its threshold) reclaims
+    // them; the pieces are large objects and stay in place.
     merged
 }
 
