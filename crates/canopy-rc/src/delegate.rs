@@ -18,22 +18,43 @@
 //! (increment) and hands the clone to B, which drops it (decrement); if B's
 //! decrement were applied before A's increment, the count could reach zero,
 //! or `getrc` answer 1, while A still holds a reference.  The Microgrid gets
-//! this order from its delegation network; here it comes from two rules:
-//! 1. an increment is *published* before `clone` returns (a Release store of
-//!    the lane's tail: a plain store on x86, no atomic read-modify-write);
-//!    decrements and queries are published at the next increment, query,
-//!    flush, or when the lane holds [`PUBLISH_EVERY`] unpublished words;
-//! 2. in each round, the counting thread first reads every lane's tail (the
-//!    extent of the decrements it will apply), then applies every increment
-//!    published in any lane up to tails read *after* those, and only then the
-//!    decrements and queries.  If a decrement was published after B received
-//!    a reference, the increment that made it was published before, and the
-//!    counting thread's later read of A's tail sees it (Acquire of B's tail,
-//!    then coherence).  Applying an increment early only raises the count.
+//! this order from its delegation network.  Here:
+//! 1. **Pending increment.**  A sender keeps its last increment per lane in
+//!    the lane's `pending` word (the object's address) instead of sending it:
+//!    a decrement of the same object cancels it (clone then drop costs two
+//!    plain stores to a line only this thread writes), another increment
+//!    *evicts* it (writes the increment word, publishes the lane's tail, and
+//!    only then overwrites `pending`).  `pending` is readable by the counting
+//!    thread (a Release store, a plain store on x86).  Decrements are written
+//!    to the lane and published at the next eviction, query, flush, or when
+//!    the lane holds [`PUBLISH_EVERY`] unpublished words; flush, `getrc` and
+//!    the sender's end evict the pending increments first.
+//! 2. **Rounds.**  The counting thread first reads every lane's tail (the
+//!    extent of this round's decrements and queries), applies every increment
+//!    published up to tails read after those, then the decrements (counts are
+//!    signed).  A decision that could be wrong if an increment were missing,
+//!    i.e. freeing an object whose count is 0 and answering a query, is taken
+//!    only after a *check*: read every lane's `pending` (Acquire), then apply
+//!    the increments published up to tails read after that, then decide with
+//!    `count + (lanes whose pending names the object)`.  An object is freed
+//!    when that is exactly 0; otherwise, if its count is <= 0, it stays on the
+//!    counter's *zero list* and is checked again every round (its holder will
+//!    cancel, or evict, or end and flush).
 //!
-//! Hence no false "unique": a query from S is answered after all of S's
-//! earlier operations and all increments that causally precede any applied
-//! decrement; the answer may be too high, never too low.
+//! Why no false "unique" and no early free: let a decrement or query applied
+//! in a round be published before the round's first tail read (time s).  Any
+//! increment that causally precedes it (the clone that produced the
+//! reference) happened before s, so when the check later reads that sender's
+//! `pending`, the increment is either still there (counted), or was evicted,
+//! i.e. published before `pending` changed, and so is seen by the tail read
+//! that follows the check's `pending` read (Acquire/Release, then coherence),
+//! or was cancelled by a decrement of the same sender, which removed a
+//! reference just as well.  So `count + pending` never falls below the
+//! number of references alive; applying an increment early only raises it.
+//!
+//! Hence a query from S is answered after all of S's earlier operations (its
+//! pending increment is evicted first) and every increment that causally
+//! precedes any applied decrement: the answer may be too high, never too low.
 //!
 //! ## Back-pressure
 //! A full lane makes a mutator publish and wait for the counting thread;
@@ -71,9 +92,11 @@ const NO_REPLY: usize = usize::MAX;
 
 /// A delegated count, the first field of an object's descriptor.  After the
 /// object is created (count 1), only its counting thread touches `count`.
+/// Signed: a decrement may be applied while the increment that balances it
+/// still sits in its sender's `pending` word (module notes).
 #[repr(C, align(16))]
 pub struct DCount {
-    count: Cell<usize>,
+    count: Cell<isize>,
     /// Frees the object; called by the counting thread at count zero.
     release: unsafe fn(*const u8),
 }
@@ -98,6 +121,10 @@ impl DCount {
 #[derive(Debug)]
 pub(crate) struct Lane {
     ring: Ring,
+    /// The sender's pending increment: an object address or 0.  Written by
+    /// the sender only (Release), read by the counting thread (Acquire).
+    /// On its own cache line: the sender writes it on every clone and drop.
+    pending: canopy_sync::CachePadded<AtomicUsize>,
     /// Set by the sender after its last publication; the counter then drops the lane.
     closed: AtomicBool,
 }
@@ -125,6 +152,10 @@ pub struct Counter {
     /// The counter's own list of lanes (counting thread only).
     lanes: Cell<Vec<Inbound>>,
     seen_generation: Cell<usize>,
+    /// Objects whose count is <= 0 but that a pending increment (or a not
+    /// yet applied one) may keep alive; checked every round (counting
+    /// thread only).
+    zero: Cell<Vec<usize>>,
     /// Operations applied (written by the counting thread only).
     pub(crate) applied: AtomicU64,
     /// Words published and not consumed when the last round began.
@@ -158,6 +189,7 @@ impl Counter {
             generation: AtomicUsize::new(0),
             lanes: Cell::new(Vec::new()),
             seen_generation: Cell::new(0),
+            zero: Cell::new(Vec::new()),
             applied: AtomicU64::new(0),
             backlog: AtomicU64::new(0),
             released: AtomicU64::new(0),
@@ -175,7 +207,8 @@ impl Counter {
     }
 
     /// One round: apply every operation published now (increments first,
-    /// see the module notes); returns how many operations were applied.
+    /// then decrements, then the check and the answers; see the module
+    /// notes); returns how many operations were applied.
     ///
     /// # Safety
     /// Only one thread, the counting thread, ever calls this on a counter.
@@ -199,11 +232,13 @@ impl Counter {
         let mut applied = 0usize;
         let mut freed = 0u64;
         let mut backlog = 0u64;
-        // SAFETY: counting thread only; `apply_*` may run `release`, which
-        // may send through this thread's own non-blocking sender but never
-        // touches this counter's lane list.
+        // SAFETY: counting thread only; `release` may send through this
+        // thread's own non-blocking sender but never touches this counter's
+        // lane list or zero list.
         self.lanes.with_mut(|lanes| unsafe {
             let lanes = &mut *lanes;
+            // Objects whose count went to <= 0 this round, plus last round's.
+            let mut zero: Vec<usize> = self.zero.with_mut(|z| core::mem::take(&mut *z));
             // Step 1: the extent of this round's decrements and queries.
             // (Closed is read first: a lane seen closed here has published
             // everything by the tail read after it.)
@@ -216,27 +251,11 @@ impl Counter {
                 backlog += ib.round_tail.wrapping_sub(ib.lane.ring.head()) as u64;
             }
             // Step 2: every increment published up to a tail read now.
-            for ib in lanes.iter_mut() {
-                let t = ib.lane.ring.tail();
-                let mut p = ib.inc_done;
-                while p != t {
-                    let w = ib.lane.ring.read(p);
-                    match w & OP_MASK {
-                        OP_INC => {
-                            inc(w);
-                            applied += 1;
-                        }
-                        OP_QUERY => p = p.wrapping_add(1),
-                        _ => {}
-                    }
-                    p = p.wrapping_add(1);
-                }
-                ib.inc_done = t;
-            }
+            applied += apply_increments(lanes, &mut zero);
             // Step 3: decrements in lane order; queries are answered after
-            // every decrement of the round (an asker's own operations all
-            // precede its query; the others' only make the answer closer to
-            // the truth, and its own reference keeps the object alive).
+            // the check (an asker's own operations all precede its query;
+            // the others' only make the answer closer to the truth, and its
+            // own reference keeps the object alive).
             let mut queries: Vec<(usize, usize)> = Vec::new();
             for ib in lanes.iter_mut() {
                 let mut p = ib.lane.ring.head();
@@ -247,13 +266,13 @@ impl Counter {
                         OP_INC => {}
                         OP_DEC => {
                             if dec(w) {
-                                freed += 1;
+                                zero.push(w & !OP_MASK);
                             }
                             applied += 1;
                         }
                         OP_QUERY => {
                             p = p.wrapping_add(1);
-                            queries.push((w, ib.lane.ring.read(p)));
+                            queries.push((w & !OP_MASK, ib.lane.ring.read(p)));
                             applied += 1;
                         }
                         _ => unreachable!("delegated count: bad message {w:#x}"),
@@ -262,8 +281,43 @@ impl Counter {
                 }
                 ib.lane.ring.set_head(t);
             }
-            for (w, reply) in queries {
-                answer(w, reply);
+            // Step 4, the check: every sender's pending increment, then the
+            // increments published up to tails read after those.
+            if !zero.is_empty() || !queries.is_empty() {
+                let mut pend: Vec<usize> = Vec::new();
+                for ib in lanes.iter() {
+                    // Acquire: pairs with the Release stores in `Sender`: an
+                    // eviction published its word before changing `pending`.
+                    let x = ib.lane.pending.load(Ordering::Acquire);
+                    if x != 0 {
+                        pend.push(x);
+                    }
+                }
+                applied += apply_increments(lanes, &mut zero);
+                let pending_of = |o: usize| pend.iter().filter(|&&x| x == o).count() as isize;
+                zero.sort_unstable();
+                zero.dedup();
+                let mut keep = Vec::new();
+                for o in zero {
+                    let c = o as *const DCount;
+                    let n = (*c).count.with(|n| *n);
+                    if n > 0 {
+                        continue; // alive again: an increment arrived
+                    }
+                    if n == 0 && pending_of(o) == 0 {
+                        // No reference is left, and no message about the
+                        // object can follow.
+                        ((*c).release)(c as *const u8);
+                        freed += 1;
+                    } else {
+                        keep.push(o);
+                    }
+                }
+                self.zero.with_mut(|z| *z = keep);
+                for (o, reply) in queries {
+                    let n = (*(o as *const DCount)).count.with(|n| *n) + pending_of(o);
+                    answer(n, reply);
+                }
             }
             // Drop lanes whose sender is gone and that are fully consumed.
             for &i in closed.iter().rev() {
@@ -303,21 +357,57 @@ impl Counter {
     }
 }
 
+/// Step 2 of a round (and of the check): apply every increment published in
+/// any lane up to a tail read now; objects whose count is still <= 0 go on
+/// `zero`.  Returns the number applied.
+///
 /// # Safety
-/// Counting thread of the object named by `w`, which is live (its sender
-/// held a reference when it issued the message).
-unsafe fn inc(w: usize) {
+/// Counting thread of these lanes.
+unsafe fn apply_increments(lanes: &mut [Inbound], zero: &mut Vec<usize>) -> usize {
+    let mut applied = 0;
+    for ib in lanes.iter_mut() {
+        let t = ib.lane.ring.tail();
+        let mut p = ib.inc_done;
+        while p != t {
+            let w = ib.lane.ring.read(p);
+            match w & OP_MASK {
+                OP_INC => {
+                    // SAFETY: counting thread (contract); the sender held a
+                    // reference when it sent the word.
+                    if unsafe { inc(w) } {
+                        zero.push(w & !OP_MASK);
+                    }
+                    applied += 1;
+                }
+                OP_QUERY => p = p.wrapping_add(1),
+                _ => {}
+            }
+            p = p.wrapping_add(1);
+        }
+        ib.inc_done = t;
+    }
+    applied
+}
+
+/// Returns whether the count is still <= 0 (the object stays on the zero
+/// list).
+///
+/// # Safety
+/// Counting thread of the object named by `w`, which is not freed (its
+/// sender held a reference when it issued the message).
+unsafe fn inc(w: usize) -> bool {
     let c = (w & !OP_MASK) as *const DCount;
     // SAFETY: see contract.
     unsafe {
         (*c).count.with_mut(|n| {
-            debug_assert!(*n > 0, "delegated count: increment of a dead object {c:p}");
             *n += 1;
+            *n <= 0
         })
     }
 }
 
-/// Returns whether the object was released.
+/// Returns whether the count reached <= 0 (the object goes on the zero
+/// list; it is freed by the check, not here).
 ///
 /// # Safety
 /// As for `inc`.
@@ -325,33 +415,23 @@ unsafe fn dec(w: usize) -> bool {
     let c = (w & !OP_MASK) as *const DCount;
     // SAFETY: see contract.
     unsafe {
-        let last = (*c).count.with_mut(|n| {
-            debug_assert!(*n > 0, "delegated count: decrement below zero of {c:p}");
+        (*c).count.with_mut(|n| {
             *n -= 1;
-            *n == 0
-        });
-        if last {
-            // The count reached zero: no reference is left, and no message
-            // about the object can follow.
-            ((*c).release)(c as *const u8);
-        }
-        last
+            *n <= 0
+        })
     }
 }
 
 /// # Safety
-/// As for `inc`; `reply` is the asker's reply slot, live until answered.
-unsafe fn answer(w: usize, reply: usize) {
-    let c = (w & !OP_MASK) as *const DCount;
+/// `reply` is the asker's reply slot, live until answered.
+unsafe fn answer(n: isize, reply: usize) {
+    debug_assert!(n >= 1, "delegated count: query answered {n}");
+    // Release: pairs with the Acquire in `Sender::getrc`; every decrement
+    // applied so far (and the uses before it) happens before the asker acts
+    // on the answer.  The slot lives on the asker's stack until it sees the
+    // answer; nothing here touches it afterwards.
     // SAFETY: see contract.
-    unsafe {
-        let n = (*c).count.with(|n| *n);
-        // Release: pairs with the Acquire in `Sender::getrc`; every decrement
-        // applied so far (and the uses before it) happens before the asker
-        // acts on the answer.  The slot lives on the asker's stack until it
-        // sees the answer; nothing here touches it afterwards.
-        (*(reply as *const AtomicUsize)).store(n, Ordering::Release);
-    }
+    unsafe { (*(reply as *const AtomicUsize)).store(n.max(1) as usize, Ordering::Release) };
 }
 
 /// A set of counting threads and the fixed mapping of objects to them.
@@ -442,6 +522,7 @@ impl Sender {
             .map(|c| {
                 let lane = Arc::new(Lane {
                     ring: Ring::new(LANE_WORDS),
+                    pending: canopy_sync::CachePadded::new(AtomicUsize::new(0)),
                     closed: AtomicBool::new(false),
                 });
                 c.register(lane.clone());
@@ -457,7 +538,8 @@ impl Sender {
         }
     }
 
-    /// Asynchronous increment of the object at `obj` (published at once).
+    /// Asynchronous increment of the object at `obj`: it becomes the lane's
+    /// pending increment; the one it replaces is sent and published first.
     #[inline(always)]
     pub fn inc(&mut self, obj: *const DCount) {
         debug_assert!(
@@ -465,16 +547,49 @@ impl Sender {
             "a counting thread must not clone a delegated array"
         );
         let c = self.domain.counter_of(obj as usize);
-        self.put(c, obj as usize | OP_INC, 1);
+        // Relaxed: only this thread writes `pending`.
+        let old = self.lanes[c].pending.load(Ordering::Relaxed);
+        if old != 0 {
+            self.evict(c, old);
+        }
+        // Release: pairs with the Acquire in the counter's check (the
+        // eviction above is published before `pending` changes).
+        self.lanes[c].pending.store(obj as usize, Ordering::Release);
+    }
+
+    /// Send and publish the pending increment `old` of lane `c` (`pending`
+    /// is overwritten by the caller, after the publication).
+    #[inline(always)]
+    fn evict(&mut self, c: usize, old: usize) {
+        self.put(c, old | OP_INC, 1);
         self.lanes[c].ring.publish();
     }
 
+    /// Send lane `c`'s pending increment, if any, and clear it.
+    #[inline]
+    fn evict_pending(&mut self, c: usize) {
+        let old = self.lanes[c].pending.load(Ordering::Relaxed);
+        if old != 0 {
+            self.evict(c, old);
+            // Release: after the publication (see `inc`).
+            self.lanes[c].pending.store(0, Ordering::Release);
+        }
+    }
+
     /// Asynchronous decrement of the object at `obj`; the counting thread
-    /// frees it if the count reaches zero.  Published with the lane's next
-    /// increment, query or flush, or after [`PUBLISH_EVERY`] words.
+    /// frees it when no reference is left.  Cancels the lane's pending
+    /// increment if that is of the same object; otherwise written to the
+    /// lane and published with the lane's next eviction, query or flush, or
+    /// after [`PUBLISH_EVERY`] words.
     #[inline(always)]
     pub fn dec(&mut self, obj: *const DCount) {
         let c = self.domain.counter_of(obj as usize);
+        if self.lanes[c].pending.load(Ordering::Relaxed) == obj as usize {
+            // Release: a cancelled increment needs no order, but keep every
+            // store to `pending` Release (a plain store on x86).
+            self.lanes[c].pending.store(0, Ordering::Release);
+            return;
+        }
         self.put(c, obj as usize | OP_DEC, 1);
         if self.lanes[c].ring.unpublished() >= PUBLISH_EVERY {
             self.lanes[c].ring.publish();
@@ -544,7 +659,10 @@ impl Sender {
     /// before its thread ends) and wake counting threads that sleep.
     pub fn flush(&mut self) {
         for c in 0..self.lanes.len() {
-            if self.lanes[c].ring.unpublished() > 0 {
+            if self.lanes[c].ring.unpublished() > 0
+                || self.lanes[c].pending.load(Ordering::Relaxed) != 0
+            {
+                self.evict_pending(c);
                 self.lanes[c].ring.publish();
                 self.domain.wake(c);
             }
@@ -560,6 +678,7 @@ impl Sender {
         debug_assert!(self.blocking, "getrc from a counting thread");
         let reply = AtomicUsize::new(NO_REPLY);
         let c = self.domain.counter_of(obj as usize);
+        self.evict_pending(c);
         self.put(c, obj as usize | OP_QUERY, 2);
         self.lanes[c]
             .ring

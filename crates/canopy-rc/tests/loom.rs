@@ -126,6 +126,112 @@ fn getrc_never_reports_unique_while_shared() {
     });
 }
 
+/// The case that pending increments make delicate: thread 0 holds the
+/// original reference, clones it (the increment stays pending in its lane),
+/// hands the clone to thread 1 and then reads the data and drops its
+/// original, which cancels the pending increment (nothing is sent).  Thread
+/// 1 asks `getrc` and writes in place if it answers 1, then drops.  Checked:
+/// `getrc` never answers 1 while thread 0 holds its reference (and loom's
+/// cell check: the in-place write never races with thread 0's read), the
+/// object is not freed while referenced, and it is released exactly once
+/// (from the counter's zero list, since the last decrement may arrive while
+/// the increment that balances it is still pending).
+#[test]
+fn getrc_by_receiver_while_giver_increment_pending() {
+    model(|| {
+        let d = Arc::new(Domain::new(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let o = new_obj();
+        let ou = o as usize;
+        let mut s0 = Sender::new(d.clone(), true);
+        let mut s1 = Sender::new(d.clone(), true);
+        let t0_holds = Arc::new(AtomicBool::new(true));
+        let ct = counter(&d, &stop);
+        s0.inc(o as *const DCount); // the clone handed to thread 1: pending
+        let h = t0_holds.clone();
+        let t1 = loom::thread::spawn(move || {
+            let o = ou as *const Obj;
+            // SAFETY: thread 1 holds a reference until its `dec`.
+            let n = s1.getrc(o as *const DCount);
+            assert!(n >= 1, "getrc under-reports: {n}");
+            if n == 1 {
+                assert!(
+                    !h.load(Ordering::Relaxed),
+                    "getrc said 1 while thread 0 holds a reference"
+                );
+                unsafe { (*o).data.with_mut(|p| *p = 1) };
+            }
+            unsafe {
+                assert_eq!((*o).freed.load(Ordering::Relaxed), 0, "freed while referenced")
+            };
+            s1.dec(o as *const DCount);
+            drop(s1);
+        });
+        // SAFETY: thread 0 holds its original reference until its `dec`.
+        let v = unsafe { (*o).data.with(|p| *p) };
+        assert_eq!(v, 0, "thread 0 reads the original data");
+        unsafe {
+            assert_eq!((*o).freed.load(Ordering::Relaxed), 0, "freed while referenced")
+        };
+        t0_holds.store(false, Ordering::Relaxed);
+        s0.dec(o as *const DCount); // cancels the pending increment
+        drop(s0);
+        t1.join().unwrap();
+        stop.store(true, Ordering::Release);
+        ct.join().unwrap();
+        // SAFETY: every thread is done with the object.
+        unsafe {
+            assert_eq!((*o).freed.load(Ordering::Relaxed), 1, "released exactly once");
+            drop(Box::from_raw(o));
+        }
+    });
+}
+
+/// A reference handed on while the giver's increment is pending and dropped
+/// by the receiver at once: the receiver's decrement may be applied before
+/// the giver's increment is sent, but the object must not be freed while the
+/// giver still holds its original; thread 0 then clones again (evicting),
+/// and both references end.  Released exactly once.
+#[test]
+fn receiver_drop_before_giver_increment_arrives() {
+    model(|| {
+        let d = Arc::new(Domain::new(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let o = new_obj();
+        let ou = o as usize;
+        let mut s0 = Sender::new(d.clone(), true);
+        let mut s1 = Sender::new(d.clone(), true);
+        let ct = counter(&d, &stop);
+        s0.inc(o as *const DCount); // pending
+        let t1 = loom::thread::spawn(move || {
+            s1.dec(ou as *const DCount);
+            s1.flush();
+            drop(s1);
+        });
+        // Thread 0 still holds the original: never freed meanwhile.
+        loom::thread::yield_now();
+        // SAFETY: thread 0 holds a reference.
+        unsafe {
+            assert_eq!((*o).freed.load(Ordering::Relaxed), 0, "freed while referenced");
+        }
+        s0.inc(o as *const DCount); // evicts the first increment
+        s0.dec(o as *const DCount); // cancels the second
+        unsafe {
+            assert_eq!((*o).freed.load(Ordering::Relaxed), 0, "freed while referenced");
+        }
+        s0.dec(o as *const DCount); // the original
+        drop(s0);
+        t1.join().unwrap();
+        stop.store(true, Ordering::Release);
+        ct.join().unwrap();
+        // SAFETY: every thread is done with the object.
+        unsafe {
+            assert_eq!((*o).freed.load(Ordering::Relaxed), 1, "released exactly once");
+            drop(Box::from_raw(o));
+        }
+    });
+}
+
 /// One sender issues more operations than its lane holds (4 words) while the counter drains: no deadlock, the
 /// operations apply in order (the count never touches zero early), and the
 /// final decrement releases the object once.
