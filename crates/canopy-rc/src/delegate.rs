@@ -557,6 +557,21 @@ impl Sender {
         self.lanes[c].pending.store(obj as usize, Ordering::Release);
     }
 
+    /// Number of lanes (one per counting thread).
+    #[cfg(not(canopy_loom))]
+    pub(crate) fn lane_count(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// The pending-increment word of lane `c`: the fast paths in
+    /// `delegated.rs` do what [`Sender::inc`] and [`Sender::dec`] do when no
+    /// eviction and no lane word is needed, through this pointer (valid while
+    /// the sender lives; written by the sender's thread only).
+    #[cfg(not(canopy_loom))]
+    pub(crate) fn pending_slot(&self, c: usize) -> *const AtomicUsize {
+        &*self.lanes[c].pending as *const AtomicUsize
+    }
+
     /// Send and publish the pending increment `old` of lane `c` (`pending`
     /// is overwritten by the caller, after the publication).
     #[inline(always)]

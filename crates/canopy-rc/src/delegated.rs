@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use canopy_sync::prim::{fence, AtomicUsize, Ordering};
 
-use crate::delegate::{Domain, Sender, TraceSample};
+use crate::delegate::{DCount, Domain, Sender, TraceSample};
 
 static REQUESTED: AtomicUsize = AtomicUsize::new(0);
 static DOMAIN: OnceLock<Arc<Domain>> = OnceLock::new();
@@ -108,6 +108,47 @@ thread_local! {
     static SENDER: Cell<*mut Sender> = const { Cell::new(core::ptr::null_mut()) };
     /// Owns the sender; dropping it (thread exit) publishes and closes lanes.
     static SENDER_GUARD: SenderGuard = const { SenderGuard(Cell::new(core::ptr::null_mut())) };
+    /// With one counting thread: the pending-increment word of this thread's
+    /// only lane (null before the sender exists, after its teardown began,
+    /// and with several counting threads).  Lets `clone` and `drop` skip the
+    /// chain of loads to the lane (sender, domain, lanes, lane).
+    static PENDING: Cell<*const AtomicUsize> = const { Cell::new(core::ptr::null()) };
+}
+
+/// `clone` of a delegated array: make `c` this thread's pending increment
+/// (fast path: no pending increment yet), else [`Sender::inc`].
+#[inline(always)]
+pub(crate) fn inc(c: *const DCount) {
+    let p = PENDING.try_with(|s| s.get()).unwrap_or(core::ptr::null());
+    if !p.is_null() {
+        // SAFETY: p is the pending word of this thread's sender's lane, alive
+        // while PENDING holds it (SenderGuard clears PENDING before dropping
+        // the sender); only this thread writes it.  Same loads and stores as
+        // `Sender::inc` without an eviction: Relaxed load of our own word,
+        // Release store.
+        let slot = unsafe { &*p };
+        if slot.load(Ordering::Relaxed) == 0 {
+            slot.store(c as usize, Ordering::Release);
+            return;
+        }
+    }
+    with_sender(|s| s.inc(c));
+}
+
+/// `drop` of a delegated array: cancel this thread's pending increment if it
+/// is of `c` (fast path), else [`Sender::dec`].
+#[inline(always)]
+pub(crate) fn dec(c: *const DCount) {
+    let p = PENDING.try_with(|s| s.get()).unwrap_or(core::ptr::null());
+    if !p.is_null() {
+        // SAFETY: as in `inc`; same as `Sender::dec`'s cancelling path.
+        let slot = unsafe { &*p };
+        if slot.load(Ordering::Relaxed) == c as usize {
+            slot.store(0, Ordering::Release);
+            return;
+        }
+    }
+    with_sender(|s| s.dec(c));
 }
 
 struct SenderGuard(Cell<*mut Sender>);
@@ -115,6 +156,7 @@ struct SenderGuard(Cell<*mut Sender>);
 impl Drop for SenderGuard {
     fn drop(&mut self) {
         let p = self.0.replace(core::ptr::null_mut());
+        let _ = PENDING.try_with(|s| s.set(core::ptr::null()));
         let _ = SENDER.try_with(|s| s.set(core::ptr::null_mut()));
         if !p.is_null() {
             // SAFETY: p came from Box::into_raw in `install_sender` and is
@@ -131,6 +173,13 @@ fn install_sender(blocking: bool) -> *mut Sender {
     let p = Box::into_raw(Box::new(Sender::new(domain().clone(), blocking)));
     let ok = SENDER_GUARD.try_with(|g| g.0.set(p)).is_ok() && SENDER.try_with(|s| s.set(p)).is_ok();
     if ok {
+        // SAFETY: p was just created and is alive; read only.
+        let one_lane = blocking && unsafe { (*p).lane_count() } == 1;
+        if one_lane {
+            // SAFETY: as above.
+            let slot = unsafe { (*p).pending_slot(0) };
+            let _ = PENDING.try_with(|s| s.set(slot));
+        }
         p
     } else {
         let _ = SENDER_GUARD.try_with(|g| g.0.set(core::ptr::null_mut()));

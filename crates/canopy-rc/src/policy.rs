@@ -147,11 +147,11 @@ impl Policy for Delegated {
     }
     #[inline(always)]
     unsafe fn inc(c: *const crate::delegate::DCount) {
-        crate::delegated::with_sender(|s| s.inc(c));
+        crate::delegated::inc(c);
     }
     #[inline(always)]
     unsafe fn dec(c: *const crate::delegate::DCount) -> bool {
-        crate::delegated::with_sender(|s| s.dec(c));
+        crate::delegated::dec(c);
         false
     }
     unsafe fn getrc(c: *const crate::delegate::DCount) -> usize {
