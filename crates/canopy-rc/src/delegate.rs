@@ -153,9 +153,18 @@ pub struct Counter {
     lanes: Cell<Vec<Inbound>>,
     seen_generation: Cell<usize>,
     /// Objects whose count is <= 0 but that a pending increment (or a not
-    /// yet applied one) may keep alive; checked every round (counting
-    /// thread only).
+    /// yet applied one) may keep alive; checked every round (drainer only).
     zero: Cell<Vec<usize>>,
+    /// Held by whoever runs a round: the counting thread, or an asker that
+    /// helps (`Sender::getrc`).  The `Cell` fields are touched only by the
+    /// holder; Acquire on taking it, Release on leaving it.
+    drain_lock: canopy_sync::CachePadded<AtomicBool>,
+    /// Dead objects found by a helping asker, freed by the counting thread
+    /// (an asker must not run `release`: it may send, through the asker's
+    /// own sender, which is in use).
+    deferred: Mutex<Vec<usize>>,
+    /// `deferred` is not empty.
+    has_deferred: AtomicBool,
     /// Operations applied (written by the counting thread only).
     pub(crate) applied: AtomicU64,
     /// Words published and not consumed when the last round began.
@@ -176,8 +185,8 @@ pub struct Counter {
     pub(crate) trace: Mutex<Vec<TraceSample>>,
 }
 
-// SAFETY: the `Cell` fields are touched only by the counting thread (the one
-// calling `drain`, see its contract); the rest is atomics and mutexes.
+// SAFETY: the `Cell` fields are touched only by the holder of `drain_lock`
+// (taken with Acquire, left with Release); the rest is atomics and mutexes.
 unsafe impl Sync for Counter {}
 // SAFETY: as above; a Counter owns only Arcs and plain data.
 unsafe impl Send for Counter {}
@@ -190,6 +199,9 @@ impl Counter {
             lanes: Cell::new(Vec::new()),
             seen_generation: Cell::new(0),
             zero: Cell::new(Vec::new()),
+            drain_lock: canopy_sync::CachePadded::new(AtomicBool::new(false)),
+            deferred: Mutex::new(Vec::new()),
+            has_deferred: AtomicBool::new(false),
             applied: AtomicU64::new(0),
             backlog: AtomicU64::new(0),
             released: AtomicU64::new(0),
@@ -206,13 +218,64 @@ impl Counter {
         self.generation.fetch_add(1, Ordering::Release);
     }
 
+    #[cfg_attr(not(canopy_loom), allow(dead_code))]
+    /// One round on the counting thread (waits for a helping asker to
+    /// finish its round first), and frees the objects helpers found dead;
+    /// returns how many operations were applied.
+    ///
+    /// # Safety
+    /// Only one thread, the counting thread, calls this on a counter.
+    pub unsafe fn drain(&self) -> usize {
+        loop {
+            if let Some(n) = self.try_round(true) {
+                return n;
+            }
+            spin_hint();
+            #[cfg(canopy_loom)]
+            loom::thread::yield_now();
+        }
+    }
+
+    /// Run a round if no one else is running one.  `release`: free dead
+    /// objects now (the counting thread), else leave them to it.
+    pub(crate) fn try_round(&self, release: bool) -> Option<usize> {
+        // Acquire: the previous holder's cell writes happen before ours.
+        if self.drain_lock.load(Ordering::Relaxed)
+            || self
+                .drain_lock
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            return None;
+        }
+        // SAFETY: we hold the drain lock.
+        let n = unsafe { self.round(release) };
+        // Release: pairs with the Acquire above.
+        self.drain_lock.store(false, Ordering::Release);
+        if release && self.has_deferred.load(Ordering::Acquire) {
+            self.has_deferred.store(false, Ordering::Relaxed);
+            let dead = core::mem::take(&mut *lock(&self.deferred));
+            for &o in &dead {
+                let c = o as *const DCount;
+                // SAFETY: a helper found the object dead (count 0, nothing
+                // pending); no reference and no message about it is left.
+                unsafe { ((*c).release)(c as *const u8) };
+            }
+            if !dead.is_empty() {
+                self.released.fetch_add(dead.len() as u64, Ordering::Relaxed);
+            }
+        }
+        Some(n)
+    }
+
     /// One round: apply every operation published now (increments first,
     /// then decrements, then the check and the answers; see the module
     /// notes); returns how many operations were applied.
     ///
     /// # Safety
-    /// Only one thread, the counting thread, ever calls this on a counter.
-    pub unsafe fn drain(&self) -> usize {
+    /// The caller holds the drain lock; `release` only on the counting
+    /// thread.
+    unsafe fn round(&self, release: bool) -> usize {
         let gen = self.generation.load(Ordering::Acquire);
         // SAFETY (cells, here and below): counting thread only (contract).
         if self.seen_generation.with(|g| unsafe { *g }) != gen {
@@ -307,8 +370,13 @@ impl Counter {
                     if n == 0 && pending_of(o) == 0 {
                         // No reference is left, and no message about the
                         // object can follow.
-                        ((*c).release)(c as *const u8);
-                        freed += 1;
+                        if release {
+                            ((*c).release)(c as *const u8);
+                            freed += 1;
+                        } else {
+                            lock(&self.deferred).push(o);
+                            self.has_deferred.store(true, Ordering::Release);
+                        }
                     } else {
                         keep.push(o);
                     }
@@ -348,12 +416,25 @@ impl Counter {
     /// only, best effort).
     #[cfg_attr(canopy_loom, allow(dead_code))]
     pub(crate) fn has_work(&self) -> bool {
-        // SAFETY (cells): counting thread only.
-        self.generation.load(Ordering::Acquire) != self.seen_generation.with(|g| unsafe { *g })
+        if self.has_deferred.load(Ordering::Relaxed) {
+            return true;
+        }
+        if self
+            .drain_lock
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return true; // a helper is running a round
+        }
+        // SAFETY (cells): we hold the drain lock.
+        let w = self.generation.load(Ordering::Acquire) != self.seen_generation.with(|g| unsafe { *g })
             || self.lanes.with(|l| unsafe {
                 (*l).iter()
                     .any(|x| x.lane.ring.tail() != x.lane.ring.head())
-            })
+            });
+        // Release: pairs with the Acquire of the next holder.
+        self.drain_lock.store(false, Ordering::Release);
+        w
     }
 }
 
@@ -699,14 +780,24 @@ impl Sender {
             .ring
             .write(&reply as *const AtomicUsize as usize);
         self.lanes[c].ring.publish();
-        self.domain.counters[c].poke.store(true, Ordering::Release);
-        self.domain.wake(c);
+        // Help: run a round ourselves rather than wait for the counting
+        // thread to be scheduled and notice (it may share a busy core).  A
+        // helper leaves dead objects to the counting thread.
+        let counter = &self.domain.counters[c];
         let mut spins = 0u32;
         loop {
             // Acquire: pairs with the Release store in `answer`.
             let n = reply.load(Ordering::Acquire);
             if n != NO_REPLY {
                 return n;
+            }
+            if counter.try_round(false).is_some() {
+                continue;
+            }
+            // The counting thread is in a round that may have read our tail
+            // before we published: make it run the next one at once.
+            if spins == 0 {
+                counter.poke.store(true, Ordering::Release);
             }
             spins += 1;
             if spins < 1 << 10 {
