@@ -132,7 +132,21 @@ pub(crate) fn inc(c: *const DCount) {
             return;
         }
     }
+    inc_slow(c);
+}
+
+/// Out of line, so that the fast path needs no stack frame.
+#[cold]
+#[inline(never)]
+fn inc_slow(c: *const DCount) {
     with_sender(|s| s.inc(c));
+}
+
+/// Out of line, as `inc_slow`.
+#[cold]
+#[inline(never)]
+fn dec_slow(c: *const DCount) {
+    with_sender(|s| s.dec(c));
 }
 
 /// `drop` of a delegated array: cancel this thread's pending increment if it
@@ -148,7 +162,7 @@ pub(crate) fn dec(c: *const DCount) {
             return;
         }
     }
-    with_sender(|s| s.dec(c));
+    dec_slow(c);
 }
 
 struct SenderGuard(Cell<*mut Sender>);
