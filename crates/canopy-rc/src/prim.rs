@@ -8,6 +8,11 @@ pub(crate) use canopy_sync::prim::{
 };
 
 #[cfg(canopy_loom)]
+pub(crate) use loom::sync::atomic::AtomicIsize;
+#[cfg(not(canopy_loom))]
+pub(crate) use core::sync::atomic::AtomicIsize;
+
+#[cfg(canopy_loom)]
 pub(crate) use loom::sync::{Arc, Mutex};
 #[cfg(not(canopy_loom))]
 pub(crate) use std::sync::{Arc, Mutex};
