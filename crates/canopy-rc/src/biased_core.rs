@@ -4,9 +4,18 @@
 //! (`biased.rs`) are built on it.
 //!
 //! ```text
-//!  offset 0    release fn | owner id | local (owner only) | merged (owner only)
-//!  offset 128  shared: count << 2 | QUEUED << 1 | MERGED      (atomic, signed)
+//!  offset 0    release fn | owner id            (read by every thread, never written)
+//!  offset 80   local | merged                   (the owner's plain fields)
+//!  offset 160  shared: count << 2 | QUEUED << 1 | MERGED   (atomic, signed)
+//!  offset 224  end (the descriptor's length and shape follow)
 //! ```
+//!
+//! Each group is at least 64 bytes from the next whatever the block's
+//! alignment, so no two share a cache line: every clone and drop reads
+//! `owner`, the owner writes `local`, non-owners write `shared`, and every
+//! element access reads the length that follows.  (With `owner` next to
+//! `local`, each of the owner's updates took the line away from the other
+//! threads, which read `owner` on every operation.)
 //!
 //! Invariant: live references = `local + count` while not merged, `count`
 //! once merged.  `count` may be negative before the merge (a reference the
@@ -24,10 +33,12 @@ use crate::prim::{AtomicIsize, Cell, Ordering};
 pub struct BiasedCount {
     pub(crate) release: unsafe fn(*const u8),
     owner: u64,
+    _pad0: [u8; 64],
     local: Cell<usize>,
     merged: Cell<bool>,
-    _pad: [u8; 103],
+    _pad1: [u8; 64],
     shared: AtomicIsize,
+    _pad2: [u8; 56],
 }
 
 impl core::fmt::Debug for BiasedCount {
@@ -39,7 +50,12 @@ impl core::fmt::Debug for BiasedCount {
 }
 
 #[cfg(not(canopy_loom))]
-const _: () = assert!(core::mem::offset_of!(BiasedCount, shared) >= 128);
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(offset_of!(BiasedCount, local) >= offset_of!(BiasedCount, owner) + 8 + 64);
+    assert!(offset_of!(BiasedCount, shared) >= offset_of!(BiasedCount, merged) + 1 + 64);
+    assert!(size_of::<BiasedCount>() >= offset_of!(BiasedCount, shared) + 8 + 56);
+};
 
 const MERGED: isize = 1;
 const QUEUED: isize = 2;
@@ -76,7 +92,9 @@ impl BiasedCount {
             owner,
             local: Cell::new(usize::from(!merged)),
             merged: Cell::new(merged),
-            _pad: [0; 103],
+            _pad0: [0; 64],
+            _pad1: [0; 64],
+            _pad2: [0; 56],
             shared: AtomicIsize::new(if merged { ONE | MERGED } else { 0 }),
         }
     }
