@@ -58,7 +58,10 @@ fn getrc(n: usize) -> f64 {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let what = args.get(1).map_or("pair-delegated", |s| s.as_str());
-    let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10_000_000);
+    let n: usize = args
+        .get(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000_000);
     let ns = match what {
         "pair-delegated" => pairs::<Delegated>(n),
         "pair-atomic" => pairs::<Atomic>(n),

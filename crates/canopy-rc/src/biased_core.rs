@@ -144,7 +144,11 @@ impl BiasedCount {
                 *l -= 1;
                 *l
             });
-            return if l > 0 { Dec::OwnerAlive } else { Dec::OwnerZero };
+            return if l > 0 {
+                Dec::OwnerAlive
+            } else {
+                Dec::OwnerZero
+            };
         }
         // Unmerged, the decrement and the decision to queue must be one
         // atomic step: once our decrement is in, our reference is gone, and

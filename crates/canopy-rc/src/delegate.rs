@@ -149,7 +149,7 @@ pub struct Counter {
     /// Lanes registered since the counter last looked (written by senders).
     new_lanes: Mutex<Vec<Arc<Lane>>>,
     generation: AtomicUsize,
-    /// The counter's own list of lanes (counting thread only).
+    /// The counter's own list of lanes (drain-lock holder only).
     lanes: Cell<Vec<Inbound>>,
     seen_generation: Cell<usize>,
     /// Objects whose count is <= 0 but that a pending increment (or a not
@@ -262,7 +262,8 @@ impl Counter {
                 unsafe { ((*c).release)(c as *const u8) };
             }
             if !dead.is_empty() {
-                self.released.fetch_add(dead.len() as u64, Ordering::Relaxed);
+                self.released
+                    .fetch_add(dead.len() as u64, Ordering::Relaxed);
             }
         }
         Some(n)
@@ -277,7 +278,7 @@ impl Counter {
     /// thread.
     unsafe fn round(&self, release: bool) -> usize {
         let gen = self.generation.load(Ordering::Acquire);
-        // SAFETY (cells, here and below): counting thread only (contract).
+        // SAFETY (cells, here and below): we hold the drain lock (contract).
         if self.seen_generation.with(|g| unsafe { *g }) != gen {
             let fresh = core::mem::take(&mut *lock(&self.new_lanes));
             self.lanes.with_mut(|l| unsafe {
@@ -295,9 +296,9 @@ impl Counter {
         let mut applied = 0usize;
         let mut freed = 0u64;
         let mut backlog = 0u64;
-        // SAFETY: counting thread only; `release` may send through this
-        // thread's own non-blocking sender but never touches this counter's
-        // lane list or zero list.
+        // SAFETY: drain-lock holder only; `release` (run here only on the
+        // counting thread) may send through that thread's own non-blocking
+        // sender but never touches this counter's lane list or zero list.
         self.lanes.with_mut(|lanes| unsafe {
             let lanes = &mut *lanes;
             // Objects whose count went to <= 0 this round, plus last round's.
@@ -427,7 +428,8 @@ impl Counter {
             return true; // a helper is running a round
         }
         // SAFETY (cells): we hold the drain lock.
-        let w = self.generation.load(Ordering::Acquire) != self.seen_generation.with(|g| unsafe { *g })
+        let w = self.generation.load(Ordering::Acquire)
+            != self.seen_generation.with(|g| unsafe { *g })
             || self.lanes.with(|l| unsafe {
                 (*l).iter()
                     .any(|x| x.lane.ring.tail() != x.lane.ring.head())

@@ -5,16 +5,20 @@
 //!   number is fixed then: [`set_counting_threads`] before first use, else
 //!   `CANOPY_RC_COUNTERS`, else 1.  An object's counting thread is a fixed
 //!   function of its address.
-//! - `clone` and `drop` append a one-word message to the calling thread's
-//!   lane to that counting thread (no atomic read-modify-write, no waiting).
-//!   An increment is published at once (one Release store); decrements are
-//!   published in batches of up to 256 words.  A lane holds 16 Ki words; a
-//!   full lane makes the mutator wait (back-pressure).
-//! - [`flush`] publishes the calling thread's decrements; with-loops flush
-//!   every worker at their end, and a thread flushes when it ends.  Until
-//!   then they are pending (an object can outlive its last reference by
-//!   that long).
-//! - `getrc` publishes a query and waits for the answer.
+//! - `clone` makes the object the calling thread's *pending increment* for
+//!   that counting thread (a plain store to a word the counting thread can
+//!   read); a `drop` of the same object cancels it; the next `clone` of
+//!   another object sends it (one word in the thread's lane, published).
+//!   Other decrements append a one-word message to the lane, published in
+//!   batches of up to 256 words (no atomic read-modify-write, no waiting).
+//!   A lane holds 16 Ki words; a full lane makes the mutator wait
+//!   (back-pressure).
+//! - [`flush`] sends the calling thread's pending increments and publishes
+//!   its decrements; with-loops flush every worker at their end, and a
+//!   thread flushes when it ends.  Until then they are pending (an object
+//!   can outlive its last reference by that long).
+//! - `getrc` sends the pending increment, publishes a query, and runs the
+//!   counting round itself if no one else is running one (else waits).
 //! - A counting thread spins while work arrives, then yields, then parks;
 //!   a sender wakes a parked one.
 //!

@@ -9,7 +9,7 @@
 //! | [`Local`] | plain add | exact | no (`!Send`) |
 //! | [`Atomic`] | atomic add | exact | yes |
 //! | [`Biased`] | owner: plain add; others: atomic add | owner: exact; others: exact once merged, else "shared" | yes |
-//! | [`Delegated`] | a message to the object's counting thread, not waited for | waits for the asker's earlier messages; may over-report | yes |
+//! | [`Delegated`] | the thread's pending increment (cancelled by a drop of the same object), or a message to the object's counting thread, not waited for | waits for the asker's earlier messages; may over-report | yes |
 
 use core::cell::Cell;
 

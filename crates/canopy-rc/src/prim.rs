@@ -7,10 +7,10 @@ pub(crate) use canopy_sync::prim::{
     fence, spin_hint, AtomicBool, AtomicU64, AtomicUsize, Ordering,
 };
 
-#[cfg(canopy_loom)]
-pub(crate) use loom::sync::atomic::AtomicIsize;
 #[cfg(not(canopy_loom))]
 pub(crate) use core::sync::atomic::AtomicIsize;
+#[cfg(canopy_loom)]
+pub(crate) use loom::sync::atomic::AtomicIsize;
 
 #[cfg(canopy_loom)]
 pub(crate) use loom::sync::{Arc, Mutex};

@@ -162,7 +162,11 @@ fn getrc_by_receiver_while_giver_increment_pending() {
                 unsafe { (*o).data.with_mut(|p| *p = 1) };
             }
             unsafe {
-                assert_eq!((*o).freed.load(Ordering::Relaxed), 0, "freed while referenced")
+                assert_eq!(
+                    (*o).freed.load(Ordering::Relaxed),
+                    0,
+                    "freed while referenced"
+                )
             };
             s1.dec(o as *const DCount);
             drop(s1);
@@ -171,7 +175,11 @@ fn getrc_by_receiver_while_giver_increment_pending() {
         let v = unsafe { (*o).data.with(|p| *p) };
         assert_eq!(v, 0, "thread 0 reads the original data");
         unsafe {
-            assert_eq!((*o).freed.load(Ordering::Relaxed), 0, "freed while referenced")
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                0,
+                "freed while referenced"
+            )
         };
         t0_holds.store(false, Ordering::Relaxed);
         s0.dec(o as *const DCount); // cancels the pending increment
@@ -181,7 +189,11 @@ fn getrc_by_receiver_while_giver_increment_pending() {
         ct.join().unwrap();
         // SAFETY: every thread is done with the object.
         unsafe {
-            assert_eq!((*o).freed.load(Ordering::Relaxed), 1, "released exactly once");
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                1,
+                "released exactly once"
+            );
             drop(Box::from_raw(o));
         }
     });
@@ -212,12 +224,20 @@ fn receiver_drop_before_giver_increment_arrives() {
         loom::thread::yield_now();
         // SAFETY: thread 0 holds a reference.
         unsafe {
-            assert_eq!((*o).freed.load(Ordering::Relaxed), 0, "freed while referenced");
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                0,
+                "freed while referenced"
+            );
         }
         s0.inc(o as *const DCount); // evicts the first increment
         s0.dec(o as *const DCount); // cancels the second
         unsafe {
-            assert_eq!((*o).freed.load(Ordering::Relaxed), 0, "freed while referenced");
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                0,
+                "freed while referenced"
+            );
         }
         s0.dec(o as *const DCount); // the original
         drop(s0);
@@ -226,7 +246,11 @@ fn receiver_drop_before_giver_increment_arrives() {
         ct.join().unwrap();
         // SAFETY: every thread is done with the object.
         unsafe {
-            assert_eq!((*o).freed.load(Ordering::Relaxed), 1, "released exactly once");
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                1,
+                "released exactly once"
+            );
             drop(Box::from_raw(o));
         }
     });
@@ -368,7 +392,11 @@ fn biased_owner_and_other() {
         t1.join().unwrap();
         bmerge_queue(&queue); // the owner's thread end
         unsafe {
-            assert_eq!((*o).freed.load(Ordering::Relaxed), 1, "released exactly once");
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                1,
+                "released exactly once"
+            );
             drop(Box::from_raw(o));
         }
     });
@@ -401,14 +429,21 @@ fn biased_two_others_queue_once() {
                     let c = unsafe { (*o).count.getrc(me) };
                     assert!(c >= 1, "getrc under-reports: {c}");
                     if c == 1 {
-                        assert!(!h.load(Ordering::Relaxed), "a non-owner saw 1 while the owner holds one");
+                        assert!(
+                            !h.load(Ordering::Relaxed),
+                            "a non-owner saw 1 while the owner holds one"
+                        );
                     }
                     bdec_other(o, me, &q);
                 })
             })
             .collect();
         bmerge_queue(&queue);
-        assert_eq!(unsafe { (*o).freed.load(Ordering::Relaxed) }, 0, "freed early");
+        assert_eq!(
+            unsafe { (*o).freed.load(Ordering::Relaxed) },
+            0,
+            "freed early"
+        );
         owner_holds.store(false, Ordering::Relaxed);
         bdec_owner(o, &queue);
         for t in ts {
@@ -416,7 +451,11 @@ fn biased_two_others_queue_once() {
         }
         bmerge_queue(&queue);
         unsafe {
-            assert_eq!((*o).freed.load(Ordering::Relaxed), 1, "released exactly once");
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                1,
+                "released exactly once"
+            );
             drop(Box::from_raw(o));
         }
     });

@@ -187,7 +187,8 @@ fn stress_delegated_handoff() {
         let (tx0, rx1) = std::sync::mpsc::channel::<Msg>();
         let (tx1, rx0) = std::sync::mpsc::channel::<Msg>();
         std::thread::scope(|s| {
-            for (t, (held, (tx, rx))) in mine.into_iter().zip([(tx0, rx0), (tx1, rx1)]).enumerate() {
+            for (t, (held, (tx, rx))) in mine.into_iter().zip([(tx0, rx0), (tx1, rx1)]).enumerate()
+            {
                 let false_unique = &false_unique;
                 s.spawn(move || {
                     let mut held = held;
@@ -253,7 +254,10 @@ fn stress_delegated_handoff() {
     );
     let mut waited = 0u64;
     loop {
-        let done = freed.iter().filter(|f| f.load(Ordering::SeqCst) >= 1).count();
+        let done = freed
+            .iter()
+            .filter(|f| f.load(Ordering::SeqCst) >= 1)
+            .count();
         if done == total {
             break;
         }
@@ -262,6 +266,9 @@ fn stress_delegated_handoff() {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     std::thread::sleep(std::time::Duration::from_millis(20));
-    let twice = freed.iter().filter(|f| f.load(Ordering::SeqCst) > 1).count();
+    let twice = freed
+        .iter()
+        .filter(|f| f.load(Ordering::SeqCst) > 1)
+        .count();
     assert_eq!(twice, 0, "{twice} arrays freed more than once");
 }
