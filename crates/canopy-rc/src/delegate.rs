@@ -794,6 +794,10 @@ impl Sender {
                 return n;
             }
             if counter.try_round(false).is_some() {
+                if counter.has_deferred.load(Ordering::Relaxed) {
+                    // Dead objects for the counting thread to free.
+                    self.domain.wake(c);
+                }
                 continue;
             }
             // The counting thread is in a round that may have read our tail
