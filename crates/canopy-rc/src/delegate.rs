@@ -3,8 +3,10 @@
 //!
 //! Glossary:
 //! - *counting thread*: owns the counts of the objects mapped to it
-//!   ([`Domain::counter_of`], a fixed function of the address); it alone
-//!   reads or writes those counts after creation.
+//!   ([`Domain::counter_of`], a fixed function of the address).  After
+//!   creation those counts are read and written only by whoever holds the
+//!   counter's *drain lock* and runs a *round*: the counting thread, or an
+//!   asker helping in `getrc` (see "Helping" below).
 //! - *sender*: one per mutator thread, with one *lane* per counting thread.
 //! - *lane*: a bounded ring of words from one sender to one counting thread
 //!   (`ring.rs`), so a sender's operations on an object arrive in the order
@@ -55,6 +57,14 @@
 //! Hence a query from S is answered after all of S's earlier operations (its
 //! pending increment is evicted first) and every increment that causally
 //! precedes any applied decrement: the answer may be too high, never too low.
+//!
+//! ## Helping
+//! An asker does not wait for the counting thread to be scheduled: after
+//! publishing its query it takes the counter's drain lock if it is free
+//! (Acquire; released with Release, so rounds are ordered like one thread's)
+//! and runs the round itself.  A helper does not run release functions
+//! (one may drop a delegated array and so re-enter the asker's own sender):
+//! objects it finds dead go to a list the counting thread frees.
 //!
 //! ## Back-pressure
 //! A full lane makes a mutator publish and wait for the counting thread;
