@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use canopy_sync::prim::{AtomicBool, AtomicU64, Ordering};
 
-use crate::policy::{biased_merge, biased_owner, biased_owner_zero, biased_try_queue, BiasedCount};
+use crate::biased_core::BiasedCount;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -98,7 +98,7 @@ fn drain(slot: &OwnerSlot) {
         // SAFETY: a queued object stays alive until its queue entry is
         // processed (the QUEUED flag defers the free to us), and we are its
         // owner.
-        unsafe { biased_merge(o as *const BiasedCount, true) };
+        unsafe { merge_queued(o as *const BiasedCount) };
     }
 }
 
@@ -149,28 +149,39 @@ pub fn merge_pending() {
     }
 }
 
+/// Merge a queued object and process its queue entry; release it if no
+/// reference is left.
+///
+/// # Safety
+/// As for [`BiasedCount::merge`] with `from_queue`.
+unsafe fn merge_queued(c: *const BiasedCount) {
+    // SAFETY: forwarded; the queue entry kept the object alive.
+    unsafe {
+        if (*c).merge(true) {
+            ((*c).release)(c as *const u8);
+        }
+    }
+}
+
 /// The owner's local count of `c` reached zero; true if the caller frees.
 ///
 /// # Safety
 /// Owner thread; object live.
 pub(crate) unsafe fn owner_hit_zero(c: *const BiasedCount) -> bool {
     // SAFETY: forwarded.
-    let free = unsafe { biased_owner_zero(c) };
+    let free = unsafe { (*c).owner_zero() };
     merge_pending();
     free
 }
 
-/// A non-owner took the unmerged count of `c` below zero.
+/// A non-owner took the unmerged count of `c` below zero and won QUEUED:
+/// queue it to its owner, or merge it here if the owner has ended.
 ///
 /// # Safety
 /// Object live (its owner-counted references keep it so).
-pub(crate) unsafe fn went_negative(c: *const BiasedCount) {
-    // SAFETY: live (contract).
-    if !unsafe { biased_try_queue(c) } {
-        return; // already queued by another thread
-    }
+pub(crate) unsafe fn queue(c: *const BiasedCount) {
     // SAFETY: live.
-    let owner = unsafe { biased_owner(c) };
+    let owner = unsafe { (*c).owner() };
     let reg = lock(owners());
     if let Some(slot) = reg.get(&owner) {
         lock(&slot.items).push(c as usize);
@@ -182,5 +193,5 @@ pub(crate) unsafe fn went_negative(c: *const BiasedCount) {
     // The owner's thread has ended (it left the registry before we looked,
     // under the lock we just held, so its writes are visible): merge here.
     // SAFETY: we won the QUEUED flag, the owner is gone.
-    unsafe { biased_merge(c, true) };
+    unsafe { merge_queued(c) };
 }

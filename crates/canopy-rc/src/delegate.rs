@@ -3,8 +3,10 @@
 //!
 //! Glossary:
 //! - *counting thread*: owns the counts of the objects mapped to it
-//!   ([`Domain::counter_of`], a fixed function of the address); it alone
-//!   reads or writes those counts after creation.
+//!   ([`Domain::counter_of`], a fixed function of the address).  After
+//!   creation those counts are read and written only by whoever holds the
+//!   counter's *drain lock* and runs a *round*: the counting thread, or an
+//!   asker helping in `getrc` (see "Helping" below).
 //! - *sender*: one per mutator thread, with one *lane* per counting thread.
 //! - *lane*: a bounded ring of words from one sender to one counting thread
 //!   (`ring.rs`), so a sender's operations on an object arrive in the order
@@ -18,22 +20,51 @@
 //! (increment) and hands the clone to B, which drops it (decrement); if B's
 //! decrement were applied before A's increment, the count could reach zero,
 //! or `getrc` answer 1, while A still holds a reference.  The Microgrid gets
-//! this order from its delegation network; here it comes from two rules:
-//! 1. an increment is *published* before `clone` returns (a Release store of
-//!    the lane's tail: a plain store on x86, no atomic read-modify-write);
-//!    decrements and queries are published at the next increment, query,
-//!    flush, or when the lane holds [`PUBLISH_EVERY`] unpublished words;
-//! 2. in each round, the counting thread first reads every lane's tail (the
-//!    extent of the decrements it will apply), then applies every increment
-//!    published in any lane up to tails read *after* those, and only then the
-//!    decrements and queries.  If a decrement was published after B received
-//!    a reference, the increment that made it was published before, and the
-//!    counting thread's later read of A's tail sees it (Acquire of B's tail,
-//!    then coherence).  Applying an increment early only raises the count.
+//! this order from its delegation network.  Here:
+//! 1. **Pending increment.**  A sender keeps its last increment per lane in
+//!    the lane's `pending` word (the object's address) instead of sending it:
+//!    a decrement of the same object cancels it (clone then drop costs two
+//!    plain stores to a line only this thread writes), another increment
+//!    *evicts* it (writes the increment word, publishes the lane's tail, and
+//!    only then overwrites `pending`).  `pending` is readable by the counting
+//!    thread (a Release store, a plain store on x86).  Decrements are written
+//!    to the lane and published at the next eviction, query, flush, or when
+//!    the lane holds [`PUBLISH_EVERY`] unpublished words; flush, `getrc` and
+//!    the sender's end evict the pending increments first.
+//! 2. **Rounds.**  The counting thread first reads every lane's tail (the
+//!    extent of this round's decrements and queries), applies every increment
+//!    published up to tails read after those, then the decrements (counts are
+//!    signed).  A decision that could be wrong if an increment were missing,
+//!    i.e. freeing an object whose count is 0 and answering a query, is taken
+//!    only after a *check*: read every lane's `pending` (Acquire), then apply
+//!    the increments published up to tails read after that, then decide with
+//!    `count + (lanes whose pending names the object)`.  An object is freed
+//!    when that is exactly 0; otherwise, if its count is <= 0, it stays on the
+//!    counter's *zero list* and is checked again every round (its holder will
+//!    cancel, or evict, or end and flush).
 //!
-//! Hence no false "unique": a query from S is answered after all of S's
-//! earlier operations and all increments that causally precede any applied
-//! decrement; the answer may be too high, never too low.
+//! Why no false "unique" and no early free: let a decrement or query applied
+//! in a round be published before the round's first tail read (time s).  Any
+//! increment that causally precedes it (the clone that produced the
+//! reference) happened before s, so when the check later reads that sender's
+//! `pending`, the increment is either still there (counted), or was evicted,
+//! i.e. published before `pending` changed, and so is seen by the tail read
+//! that follows the check's `pending` read (Acquire/Release, then coherence),
+//! or was cancelled by a decrement of the same sender, which removed a
+//! reference just as well.  So `count + pending` never falls below the
+//! number of references alive; applying an increment early only raises it.
+//!
+//! Hence a query from S is answered after all of S's earlier operations (its
+//! pending increment is evicted first) and every increment that causally
+//! precedes any applied decrement: the answer may be too high, never too low.
+//!
+//! ## Helping
+//! An asker does not wait for the counting thread to be scheduled: after
+//! publishing its query it takes the counter's drain lock if it is free
+//! (Acquire; released with Release, so rounds are ordered like one thread's)
+//! and runs the round itself.  A helper does not run release functions
+//! (one may drop a delegated array and so re-enter the asker's own sender):
+//! objects it finds dead go to a list the counting thread frees.
 //!
 //! ## Back-pressure
 //! A full lane makes a mutator publish and wait for the counting thread;
@@ -71,9 +102,11 @@ const NO_REPLY: usize = usize::MAX;
 
 /// A delegated count, the first field of an object's descriptor.  After the
 /// object is created (count 1), only its counting thread touches `count`.
+/// Signed: a decrement may be applied while the increment that balances it
+/// still sits in its sender's `pending` word (module notes).
 #[repr(C, align(16))]
 pub struct DCount {
-    count: Cell<usize>,
+    count: Cell<isize>,
     /// Frees the object; called by the counting thread at count zero.
     release: unsafe fn(*const u8),
 }
@@ -98,6 +131,10 @@ impl DCount {
 #[derive(Debug)]
 pub(crate) struct Lane {
     ring: Ring,
+    /// The sender's pending increment: an object address or 0.  Written by
+    /// the sender only (Release), read by the counting thread (Acquire).
+    /// On its own cache line: the sender writes it on every clone and drop.
+    pending: canopy_sync::CachePadded<AtomicUsize>,
     /// Set by the sender after its last publication; the counter then drops the lane.
     closed: AtomicBool,
 }
@@ -122,9 +159,22 @@ pub struct Counter {
     /// Lanes registered since the counter last looked (written by senders).
     new_lanes: Mutex<Vec<Arc<Lane>>>,
     generation: AtomicUsize,
-    /// The counter's own list of lanes (counting thread only).
+    /// The counter's own list of lanes (drain-lock holder only).
     lanes: Cell<Vec<Inbound>>,
     seen_generation: Cell<usize>,
+    /// Objects whose count is <= 0 but that a pending increment (or a not
+    /// yet applied one) may keep alive; checked every round (drainer only).
+    zero: Cell<Vec<usize>>,
+    /// Held by whoever runs a round: the counting thread, or an asker that
+    /// helps (`Sender::getrc`).  The `Cell` fields are touched only by the
+    /// holder; Acquire on taking it, Release on leaving it.
+    drain_lock: canopy_sync::CachePadded<AtomicBool>,
+    /// Dead objects found by a helping asker, freed by the counting thread
+    /// (an asker must not run `release`: it may send, through the asker's
+    /// own sender, which is in use).
+    deferred: Mutex<Vec<usize>>,
+    /// `deferred` is not empty.
+    has_deferred: AtomicBool,
     /// Operations applied (written by the counting thread only).
     pub(crate) applied: AtomicU64,
     /// Words published and not consumed when the last round began.
@@ -145,8 +195,8 @@ pub struct Counter {
     pub(crate) trace: Mutex<Vec<TraceSample>>,
 }
 
-// SAFETY: the `Cell` fields are touched only by the counting thread (the one
-// calling `drain`, see its contract); the rest is atomics and mutexes.
+// SAFETY: the `Cell` fields are touched only by the holder of `drain_lock`
+// (taken with Acquire, left with Release); the rest is atomics and mutexes.
 unsafe impl Sync for Counter {}
 // SAFETY: as above; a Counter owns only Arcs and plain data.
 unsafe impl Send for Counter {}
@@ -158,6 +208,10 @@ impl Counter {
             generation: AtomicUsize::new(0),
             lanes: Cell::new(Vec::new()),
             seen_generation: Cell::new(0),
+            zero: Cell::new(Vec::new()),
+            drain_lock: canopy_sync::CachePadded::new(AtomicBool::new(false)),
+            deferred: Mutex::new(Vec::new()),
+            has_deferred: AtomicBool::new(false),
             applied: AtomicU64::new(0),
             backlog: AtomicU64::new(0),
             released: AtomicU64::new(0),
@@ -174,14 +228,67 @@ impl Counter {
         self.generation.fetch_add(1, Ordering::Release);
     }
 
-    /// One round: apply every operation published now (increments first,
-    /// see the module notes); returns how many operations were applied.
+    #[cfg_attr(not(canopy_loom), allow(dead_code))]
+    /// One round on the counting thread (waits for a helping asker to
+    /// finish its round first), and frees the objects helpers found dead;
+    /// returns how many operations were applied.
     ///
     /// # Safety
-    /// Only one thread, the counting thread, ever calls this on a counter.
+    /// Only one thread, the counting thread, calls this on a counter.
     pub unsafe fn drain(&self) -> usize {
+        loop {
+            if let Some(n) = self.try_round(true) {
+                return n;
+            }
+            spin_hint();
+            #[cfg(canopy_loom)]
+            loom::thread::yield_now();
+        }
+    }
+
+    /// Run a round if no one else is running one.  `release`: free dead
+    /// objects now (the counting thread), else leave them to it.
+    pub(crate) fn try_round(&self, release: bool) -> Option<usize> {
+        // Acquire: the previous holder's cell writes happen before ours.
+        if self.drain_lock.load(Ordering::Relaxed)
+            || self
+                .drain_lock
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            return None;
+        }
+        // SAFETY: we hold the drain lock.
+        let n = unsafe { self.round(release) };
+        // Release: pairs with the Acquire above.
+        self.drain_lock.store(false, Ordering::Release);
+        if release && self.has_deferred.load(Ordering::Acquire) {
+            self.has_deferred.store(false, Ordering::Relaxed);
+            let dead = core::mem::take(&mut *lock(&self.deferred));
+            for &o in &dead {
+                let c = o as *const DCount;
+                // SAFETY: a helper found the object dead (count 0, nothing
+                // pending); no reference and no message about it is left.
+                unsafe { ((*c).release)(c as *const u8) };
+            }
+            if !dead.is_empty() {
+                self.released
+                    .fetch_add(dead.len() as u64, Ordering::Relaxed);
+            }
+        }
+        Some(n)
+    }
+
+    /// One round: apply every operation published now (increments first,
+    /// then decrements, then the check and the answers; see the module
+    /// notes); returns how many operations were applied.
+    ///
+    /// # Safety
+    /// The caller holds the drain lock; `release` only on the counting
+    /// thread.
+    unsafe fn round(&self, release: bool) -> usize {
         let gen = self.generation.load(Ordering::Acquire);
-        // SAFETY (cells, here and below): counting thread only (contract).
+        // SAFETY (cells, here and below): we hold the drain lock (contract).
         if self.seen_generation.with(|g| unsafe { *g }) != gen {
             let fresh = core::mem::take(&mut *lock(&self.new_lanes));
             self.lanes.with_mut(|l| unsafe {
@@ -199,11 +306,13 @@ impl Counter {
         let mut applied = 0usize;
         let mut freed = 0u64;
         let mut backlog = 0u64;
-        // SAFETY: counting thread only; `apply_*` may run `release`, which
-        // may send through this thread's own non-blocking sender but never
-        // touches this counter's lane list.
+        // SAFETY: drain-lock holder only; `release` (run here only on the
+        // counting thread) may send through that thread's own non-blocking
+        // sender but never touches this counter's lane list or zero list.
         self.lanes.with_mut(|lanes| unsafe {
             let lanes = &mut *lanes;
+            // Objects whose count went to <= 0 this round, plus last round's.
+            let mut zero: Vec<usize> = self.zero.with_mut(|z| core::mem::take(&mut *z));
             // Step 1: the extent of this round's decrements and queries.
             // (Closed is read first: a lane seen closed here has published
             // everything by the tail read after it.)
@@ -216,27 +325,11 @@ impl Counter {
                 backlog += ib.round_tail.wrapping_sub(ib.lane.ring.head()) as u64;
             }
             // Step 2: every increment published up to a tail read now.
-            for ib in lanes.iter_mut() {
-                let t = ib.lane.ring.tail();
-                let mut p = ib.inc_done;
-                while p != t {
-                    let w = ib.lane.ring.read(p);
-                    match w & OP_MASK {
-                        OP_INC => {
-                            inc(w);
-                            applied += 1;
-                        }
-                        OP_QUERY => p = p.wrapping_add(1),
-                        _ => {}
-                    }
-                    p = p.wrapping_add(1);
-                }
-                ib.inc_done = t;
-            }
+            applied += apply_increments(lanes, &mut zero);
             // Step 3: decrements in lane order; queries are answered after
-            // every decrement of the round (an asker's own operations all
-            // precede its query; the others' only make the answer closer to
-            // the truth, and its own reference keeps the object alive).
+            // the check (an asker's own operations all precede its query;
+            // the others' only make the answer closer to the truth, and its
+            // own reference keeps the object alive).
             let mut queries: Vec<(usize, usize)> = Vec::new();
             for ib in lanes.iter_mut() {
                 let mut p = ib.lane.ring.head();
@@ -247,13 +340,13 @@ impl Counter {
                         OP_INC => {}
                         OP_DEC => {
                             if dec(w) {
-                                freed += 1;
+                                zero.push(w & !OP_MASK);
                             }
                             applied += 1;
                         }
                         OP_QUERY => {
                             p = p.wrapping_add(1);
-                            queries.push((w, ib.lane.ring.read(p)));
+                            queries.push((w & !OP_MASK, ib.lane.ring.read(p)));
                             applied += 1;
                         }
                         _ => unreachable!("delegated count: bad message {w:#x}"),
@@ -262,8 +355,48 @@ impl Counter {
                 }
                 ib.lane.ring.set_head(t);
             }
-            for (w, reply) in queries {
-                answer(w, reply);
+            // Step 4, the check: every sender's pending increment, then the
+            // increments published up to tails read after those.
+            if !zero.is_empty() || !queries.is_empty() {
+                let mut pend: Vec<usize> = Vec::new();
+                for ib in lanes.iter() {
+                    // Acquire: pairs with the Release stores in `Sender`: an
+                    // eviction published its word before changing `pending`.
+                    let x = ib.lane.pending.load(Ordering::Acquire);
+                    if x != 0 {
+                        pend.push(x);
+                    }
+                }
+                applied += apply_increments(lanes, &mut zero);
+                let pending_of = |o: usize| pend.iter().filter(|&&x| x == o).count() as isize;
+                zero.sort_unstable();
+                zero.dedup();
+                let mut keep = Vec::new();
+                for o in zero {
+                    let c = o as *const DCount;
+                    let n = (*c).count.with(|n| *n);
+                    if n > 0 {
+                        continue; // alive again: an increment arrived
+                    }
+                    if n == 0 && pending_of(o) == 0 {
+                        // No reference is left, and no message about the
+                        // object can follow.
+                        if release {
+                            ((*c).release)(c as *const u8);
+                            freed += 1;
+                        } else {
+                            lock(&self.deferred).push(o);
+                            self.has_deferred.store(true, Ordering::Release);
+                        }
+                    } else {
+                        keep.push(o);
+                    }
+                }
+                self.zero.with_mut(|z| *z = keep);
+                for (o, reply) in queries {
+                    let n = (*(o as *const DCount)).count.with(|n| *n) + pending_of(o);
+                    answer(n, reply);
+                }
             }
             // Drop lanes whose sender is gone and that are fully consumed.
             for &i in closed.iter().rev() {
@@ -294,30 +427,80 @@ impl Counter {
     /// only, best effort).
     #[cfg_attr(canopy_loom, allow(dead_code))]
     pub(crate) fn has_work(&self) -> bool {
-        // SAFETY (cells): counting thread only.
-        self.generation.load(Ordering::Acquire) != self.seen_generation.with(|g| unsafe { *g })
+        if self.has_deferred.load(Ordering::Relaxed) {
+            return true;
+        }
+        if self
+            .drain_lock
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return true; // a helper is running a round
+        }
+        // SAFETY (cells): we hold the drain lock.
+        let w = self.generation.load(Ordering::Acquire)
+            != self.seen_generation.with(|g| unsafe { *g })
             || self.lanes.with(|l| unsafe {
                 (*l).iter()
                     .any(|x| x.lane.ring.tail() != x.lane.ring.head())
-            })
+            });
+        // Release: pairs with the Acquire of the next holder.
+        self.drain_lock.store(false, Ordering::Release);
+        w
     }
 }
 
+/// Step 2 of a round (and of the check): apply every increment published in
+/// any lane up to a tail read now; objects whose count is still <= 0 go on
+/// `zero`.  Returns the number applied.
+///
 /// # Safety
-/// Counting thread of the object named by `w`, which is live (its sender
-/// held a reference when it issued the message).
-unsafe fn inc(w: usize) {
+/// Counting thread of these lanes.
+unsafe fn apply_increments(lanes: &mut [Inbound], zero: &mut Vec<usize>) -> usize {
+    let mut applied = 0;
+    for ib in lanes.iter_mut() {
+        let t = ib.lane.ring.tail();
+        let mut p = ib.inc_done;
+        while p != t {
+            let w = ib.lane.ring.read(p);
+            match w & OP_MASK {
+                OP_INC => {
+                    // SAFETY: counting thread (contract); the sender held a
+                    // reference when it sent the word.
+                    if unsafe { inc(w) } {
+                        zero.push(w & !OP_MASK);
+                    }
+                    applied += 1;
+                }
+                OP_QUERY => p = p.wrapping_add(1),
+                _ => {}
+            }
+            p = p.wrapping_add(1);
+        }
+        ib.inc_done = t;
+    }
+    applied
+}
+
+/// Returns whether the count is still <= 0 (the object stays on the zero
+/// list).
+///
+/// # Safety
+/// Counting thread of the object named by `w`, which is not freed (its
+/// sender held a reference when it issued the message).
+unsafe fn inc(w: usize) -> bool {
     let c = (w & !OP_MASK) as *const DCount;
     // SAFETY: see contract.
     unsafe {
         (*c).count.with_mut(|n| {
-            debug_assert!(*n > 0, "delegated count: increment of a dead object {c:p}");
             *n += 1;
+            *n <= 0
         })
     }
 }
 
-/// Returns whether the object was released.
+/// Returns whether the count reached <= 0 (the object goes on the zero
+/// list; it is freed by the check, not here).
 ///
 /// # Safety
 /// As for `inc`.
@@ -325,33 +508,23 @@ unsafe fn dec(w: usize) -> bool {
     let c = (w & !OP_MASK) as *const DCount;
     // SAFETY: see contract.
     unsafe {
-        let last = (*c).count.with_mut(|n| {
-            debug_assert!(*n > 0, "delegated count: decrement below zero of {c:p}");
+        (*c).count.with_mut(|n| {
             *n -= 1;
-            *n == 0
-        });
-        if last {
-            // The count reached zero: no reference is left, and no message
-            // about the object can follow.
-            ((*c).release)(c as *const u8);
-        }
-        last
+            *n <= 0
+        })
     }
 }
 
 /// # Safety
-/// As for `inc`; `reply` is the asker's reply slot, live until answered.
-unsafe fn answer(w: usize, reply: usize) {
-    let c = (w & !OP_MASK) as *const DCount;
+/// `reply` is the asker's reply slot, live until answered.
+unsafe fn answer(n: isize, reply: usize) {
+    debug_assert!(n >= 1, "delegated count: query answered {n}");
+    // Release: pairs with the Acquire in `Sender::getrc`; every decrement
+    // applied so far (and the uses before it) happens before the asker acts
+    // on the answer.  The slot lives on the asker's stack until it sees the
+    // answer; nothing here touches it afterwards.
     // SAFETY: see contract.
-    unsafe {
-        let n = (*c).count.with(|n| *n);
-        // Release: pairs with the Acquire in `Sender::getrc`; every decrement
-        // applied so far (and the uses before it) happens before the asker
-        // acts on the answer.  The slot lives on the asker's stack until it
-        // sees the answer; nothing here touches it afterwards.
-        (*(reply as *const AtomicUsize)).store(n, Ordering::Release);
-    }
+    unsafe { (*(reply as *const AtomicUsize)).store(n.max(1) as usize, Ordering::Release) };
 }
 
 /// A set of counting threads and the fixed mapping of objects to them.
@@ -442,6 +615,7 @@ impl Sender {
             .map(|c| {
                 let lane = Arc::new(Lane {
                     ring: Ring::new(LANE_WORDS),
+                    pending: canopy_sync::CachePadded::new(AtomicUsize::new(0)),
                     closed: AtomicBool::new(false),
                 });
                 c.register(lane.clone());
@@ -457,7 +631,8 @@ impl Sender {
         }
     }
 
-    /// Asynchronous increment of the object at `obj` (published at once).
+    /// Asynchronous increment of the object at `obj`: it becomes the lane's
+    /// pending increment; the one it replaces is sent and published first.
     #[inline(always)]
     pub fn inc(&mut self, obj: *const DCount) {
         debug_assert!(
@@ -465,16 +640,64 @@ impl Sender {
             "a counting thread must not clone a delegated array"
         );
         let c = self.domain.counter_of(obj as usize);
-        self.put(c, obj as usize | OP_INC, 1);
+        // Relaxed: only this thread writes `pending`.
+        let old = self.lanes[c].pending.load(Ordering::Relaxed);
+        if old != 0 {
+            self.evict(c, old);
+        }
+        // Release: pairs with the Acquire in the counter's check (the
+        // eviction above is published before `pending` changes).
+        self.lanes[c].pending.store(obj as usize, Ordering::Release);
+    }
+
+    /// Number of lanes (one per counting thread).
+    #[cfg(not(canopy_loom))]
+    pub(crate) fn lane_count(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// The pending-increment word of lane `c`: the fast paths in
+    /// `delegated.rs` do what [`Sender::inc`] and [`Sender::dec`] do when no
+    /// eviction and no lane word is needed, through this pointer (valid while
+    /// the sender lives; written by the sender's thread only).
+    #[cfg(not(canopy_loom))]
+    pub(crate) fn pending_slot(&self, c: usize) -> *const AtomicUsize {
+        &*self.lanes[c].pending as *const AtomicUsize
+    }
+
+    /// Send and publish the pending increment `old` of lane `c` (`pending`
+    /// is overwritten by the caller, after the publication).
+    #[inline(always)]
+    fn evict(&mut self, c: usize, old: usize) {
+        self.put(c, old | OP_INC, 1);
         self.lanes[c].ring.publish();
     }
 
+    /// Send lane `c`'s pending increment, if any, and clear it.
+    #[inline]
+    fn evict_pending(&mut self, c: usize) {
+        let old = self.lanes[c].pending.load(Ordering::Relaxed);
+        if old != 0 {
+            self.evict(c, old);
+            // Release: after the publication (see `inc`).
+            self.lanes[c].pending.store(0, Ordering::Release);
+        }
+    }
+
     /// Asynchronous decrement of the object at `obj`; the counting thread
-    /// frees it if the count reaches zero.  Published with the lane's next
-    /// increment, query or flush, or after [`PUBLISH_EVERY`] words.
+    /// frees it when no reference is left.  Cancels the lane's pending
+    /// increment if that is of the same object; otherwise written to the
+    /// lane and published with the lane's next eviction, query or flush, or
+    /// after [`PUBLISH_EVERY`] words.
     #[inline(always)]
     pub fn dec(&mut self, obj: *const DCount) {
         let c = self.domain.counter_of(obj as usize);
+        if self.lanes[c].pending.load(Ordering::Relaxed) == obj as usize {
+            // Release: a cancelled increment needs no order, but keep every
+            // store to `pending` Release (a plain store on x86).
+            self.lanes[c].pending.store(0, Ordering::Release);
+            return;
+        }
         self.put(c, obj as usize | OP_DEC, 1);
         if self.lanes[c].ring.unpublished() >= PUBLISH_EVERY {
             self.lanes[c].ring.publish();
@@ -544,7 +767,10 @@ impl Sender {
     /// before its thread ends) and wake counting threads that sleep.
     pub fn flush(&mut self) {
         for c in 0..self.lanes.len() {
-            if self.lanes[c].ring.unpublished() > 0 {
+            if self.lanes[c].ring.unpublished() > 0
+                || self.lanes[c].pending.load(Ordering::Relaxed) != 0
+            {
+                self.evict_pending(c);
                 self.lanes[c].ring.publish();
                 self.domain.wake(c);
             }
@@ -560,19 +786,34 @@ impl Sender {
         debug_assert!(self.blocking, "getrc from a counting thread");
         let reply = AtomicUsize::new(NO_REPLY);
         let c = self.domain.counter_of(obj as usize);
+        self.evict_pending(c);
         self.put(c, obj as usize | OP_QUERY, 2);
         self.lanes[c]
             .ring
             .write(&reply as *const AtomicUsize as usize);
         self.lanes[c].ring.publish();
-        self.domain.counters[c].poke.store(true, Ordering::Release);
-        self.domain.wake(c);
+        // Help: run a round ourselves rather than wait for the counting
+        // thread to be scheduled and notice (it may share a busy core).  A
+        // helper leaves dead objects to the counting thread.
+        let counter = &self.domain.counters[c];
         let mut spins = 0u32;
         loop {
             // Acquire: pairs with the Release store in `answer`.
             let n = reply.load(Ordering::Acquire);
             if n != NO_REPLY {
                 return n;
+            }
+            if counter.try_round(false).is_some() {
+                if counter.has_deferred.load(Ordering::Relaxed) {
+                    // Dead objects for the counting thread to free.
+                    self.domain.wake(c);
+                }
+                continue;
+            }
+            // The counting thread is in a round that may have read our tail
+            // before we published: make it run the next one at once.
+            if spins == 0 {
+                counter.poke.store(true, Ordering::Release);
             }
             spins += 1;
             if spins < 1 << 10 {

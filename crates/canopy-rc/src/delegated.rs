@@ -5,16 +5,20 @@
 //!   number is fixed then: [`set_counting_threads`] before first use, else
 //!   `CANOPY_RC_COUNTERS`, else 1.  An object's counting thread is a fixed
 //!   function of its address.
-//! - `clone` and `drop` append a one-word message to the calling thread's
-//!   lane to that counting thread (no atomic read-modify-write, no waiting).
-//!   An increment is published at once (one Release store); decrements are
-//!   published in batches of up to 256 words.  A lane holds 16 Ki words; a
-//!   full lane makes the mutator wait (back-pressure).
-//! - [`flush`] publishes the calling thread's decrements; with-loops flush
-//!   every worker at their end, and a thread flushes when it ends.  Until
-//!   then they are pending (an object can outlive its last reference by
-//!   that long).
-//! - `getrc` publishes a query and waits for the answer.
+//! - `clone` makes the object the calling thread's *pending increment* for
+//!   that counting thread (a plain store to a word the counting thread can
+//!   read); a `drop` of the same object cancels it; the next `clone` of
+//!   another object sends it (one word in the thread's lane, published).
+//!   Other decrements append a one-word message to the lane, published in
+//!   batches of up to 256 words (no atomic read-modify-write, no waiting).
+//!   A lane holds 16 Ki words; a full lane makes the mutator wait
+//!   (back-pressure).
+//! - [`flush`] sends the calling thread's pending increments and publishes
+//!   its decrements; with-loops flush every worker at their end, and a
+//!   thread flushes when it ends.  Until then they are pending (an object
+//!   can outlive its last reference by that long).
+//! - `getrc` sends the pending increment, publishes a query, and runs the
+//!   counting round itself if no one else is running one (else waits).
 //! - A counting thread spins while work arrives, then yields, then parks;
 //!   a sender wakes a parked one.
 //!
@@ -33,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use canopy_sync::prim::{fence, AtomicUsize, Ordering};
 
-use crate::delegate::{Domain, Sender, TraceSample};
+use crate::delegate::{DCount, Domain, Sender, TraceSample};
 
 static REQUESTED: AtomicUsize = AtomicUsize::new(0);
 static DOMAIN: OnceLock<Arc<Domain>> = OnceLock::new();
@@ -108,6 +112,61 @@ thread_local! {
     static SENDER: Cell<*mut Sender> = const { Cell::new(core::ptr::null_mut()) };
     /// Owns the sender; dropping it (thread exit) publishes and closes lanes.
     static SENDER_GUARD: SenderGuard = const { SenderGuard(Cell::new(core::ptr::null_mut())) };
+    /// With one counting thread: the pending-increment word of this thread's
+    /// only lane (null before the sender exists, after its teardown began,
+    /// and with several counting threads).  Lets `clone` and `drop` skip the
+    /// chain of loads to the lane (sender, domain, lanes, lane).
+    static PENDING: Cell<*const AtomicUsize> = const { Cell::new(core::ptr::null()) };
+}
+
+/// `clone` of a delegated array: make `c` this thread's pending increment
+/// (fast path: no pending increment yet), else [`Sender::inc`].
+#[inline(always)]
+pub(crate) fn inc(c: *const DCount) {
+    let p = PENDING.try_with(|s| s.get()).unwrap_or(core::ptr::null());
+    if !p.is_null() {
+        // SAFETY: p is the pending word of this thread's sender's lane, alive
+        // while PENDING holds it (SenderGuard clears PENDING before dropping
+        // the sender); only this thread writes it.  Same loads and stores as
+        // `Sender::inc` without an eviction: Relaxed load of our own word,
+        // Release store.
+        let slot = unsafe { &*p };
+        if slot.load(Ordering::Relaxed) == 0 {
+            slot.store(c as usize, Ordering::Release);
+            return;
+        }
+    }
+    inc_slow(c);
+}
+
+/// Out of line, so that the fast path needs no stack frame.
+#[cold]
+#[inline(never)]
+fn inc_slow(c: *const DCount) {
+    with_sender(|s| s.inc(c));
+}
+
+/// Out of line, as `inc_slow`.
+#[cold]
+#[inline(never)]
+fn dec_slow(c: *const DCount) {
+    with_sender(|s| s.dec(c));
+}
+
+/// `drop` of a delegated array: cancel this thread's pending increment if it
+/// is of `c` (fast path), else [`Sender::dec`].
+#[inline(always)]
+pub(crate) fn dec(c: *const DCount) {
+    let p = PENDING.try_with(|s| s.get()).unwrap_or(core::ptr::null());
+    if !p.is_null() {
+        // SAFETY: as in `inc`; same as `Sender::dec`'s cancelling path.
+        let slot = unsafe { &*p };
+        if slot.load(Ordering::Relaxed) == c as usize {
+            slot.store(0, Ordering::Release);
+            return;
+        }
+    }
+    dec_slow(c);
 }
 
 struct SenderGuard(Cell<*mut Sender>);
@@ -115,6 +174,7 @@ struct SenderGuard(Cell<*mut Sender>);
 impl Drop for SenderGuard {
     fn drop(&mut self) {
         let p = self.0.replace(core::ptr::null_mut());
+        let _ = PENDING.try_with(|s| s.set(core::ptr::null()));
         let _ = SENDER.try_with(|s| s.set(core::ptr::null_mut()));
         if !p.is_null() {
             // SAFETY: p came from Box::into_raw in `install_sender` and is
@@ -131,6 +191,13 @@ fn install_sender(blocking: bool) -> *mut Sender {
     let p = Box::into_raw(Box::new(Sender::new(domain().clone(), blocking)));
     let ok = SENDER_GUARD.try_with(|g| g.0.set(p)).is_ok() && SENDER.try_with(|s| s.set(p)).is_ok();
     if ok {
+        // SAFETY: p was just created and is alive; read only.
+        let one_lane = blocking && unsafe { (*p).lane_count() } == 1;
+        if one_lane {
+            // SAFETY: as above.
+            let slot = unsafe { (*p).pending_slot(0) };
+            let _ = PENDING.try_with(|s| s.set(slot));
+        }
         p
     } else {
         let _ = SENDER_GUARD.try_with(|g| g.0.set(core::ptr::null_mut()));
@@ -266,8 +333,8 @@ fn counting_thread(d: Arc<Domain>, i: usize) {
         // Cleared before the round: a query published after the round read
         // its lane sets it again and cuts the next pause short.
         c.poke.store(false, Ordering::Relaxed);
-        // SAFETY: this thread is counter i's only drainer.
-        let n = unsafe { c.drain() };
+        // A helping asker may be running a round: then skip this one.
+        let n = c.try_round(true).unwrap_or(1);
         if n > 0 {
             idle = 0;
         }

@@ -81,6 +81,11 @@ mod prim;
 mod ring;
 
 #[cfg(not(canopy_loom))]
+mod biased_core;
+#[cfg(canopy_loom)]
+#[doc(hidden)]
+pub mod biased_core;
+#[cfg(not(canopy_loom))]
 mod delegate;
 #[cfg(canopy_loom)]
 #[doc(hidden)]

@@ -9,13 +9,11 @@
 //! | [`Local`] | plain add | exact | no (`!Send`) |
 //! | [`Atomic`] | atomic add | exact | yes |
 //! | [`Biased`] | owner: plain add; others: atomic add | owner: exact; others: exact once merged, else "shared" | yes |
-//! | [`Delegated`] | a message to the object's counting thread, not waited for | waits for the asker's earlier messages; may over-report | yes |
+//! | [`Delegated`] | the thread's pending increment (cancelled by a drop of the same object), or a message to the object's counting thread, not waited for | waits for the asker's earlier messages; may over-report | yes |
 
-use core::cell::{Cell, UnsafeCell};
+use core::cell::Cell;
 
 use canopy_sync::prim::{AtomicUsize, Ordering};
-// canopy_sync::prim has no AtomicIsize; this module is not built under loom.
-use core::sync::atomic::AtomicIsize;
 
 mod sealed {
     pub trait Sealed {}
@@ -147,11 +145,11 @@ impl Policy for Delegated {
     }
     #[inline(always)]
     unsafe fn inc(c: *const crate::delegate::DCount) {
-        crate::delegated::with_sender(|s| s.inc(c));
+        crate::delegated::inc(c);
     }
     #[inline(always)]
     unsafe fn dec(c: *const crate::delegate::DCount) -> bool {
-        crate::delegated::with_sender(|s| s.dec(c));
+        crate::delegated::dec(c);
         false
     }
     unsafe fn getrc(c: *const crate::delegate::DCount) -> usize {
@@ -168,186 +166,45 @@ pub struct Biased;
 impl sealed::Sealed for Biased {}
 impl SharedPolicy for Biased {}
 
-/// The biased count.  The owner's fields and the shared word sit on
-/// different cache lines, so the owner's plain updates do not slow the other
-/// threads' atomic ones.
-///
-/// ```text
-///  offset 0    release fn | owner id | local (owner only) | merged (owner only)
-///  offset 128  shared: count << 2 | QUEUED << 1 | MERGED      (atomic, signed)
-/// ```
-///
-/// Invariant: live references = `local + count` while not merged, `count`
-/// once merged.  `count` may be negative before the merge (a reference the
-/// owner counted was dropped by another thread); the first thread to make it
-/// negative queues the object to its owner, which merges `local` into the
-/// shared word.
-#[repr(C)]
-pub struct BiasedCount {
-    release: unsafe fn(*const u8),
-    owner: u64,
-    local: UnsafeCell<usize>,
-    merged: UnsafeCell<bool>,
-    _pad: [u8; 103],
-    shared: AtomicIsize,
-}
-
-const _: () = assert!(core::mem::offset_of!(BiasedCount, shared) >= 128);
-
-impl core::fmt::Debug for BiasedCount {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("BiasedCount")
-            .field("owner", &self.owner)
-            .finish_non_exhaustive()
-    }
-}
-
-const MERGED: isize = 1;
-const QUEUED: isize = 2;
-const ONE: isize = 4;
-
-#[inline(always)]
-fn count_of(w: isize) -> isize {
-    w >> 2
-}
+pub use crate::biased_core::BiasedCount;
+use crate::biased_core::Dec;
 
 impl Policy for Biased {
     type Count = BiasedCount;
     const NAME: &'static str = "biased";
     #[inline(always)]
     fn new_count(release: unsafe fn(*const u8)) -> BiasedCount {
-        let owner = crate::biased::owner_id();
         // Owner 0: no owner (thread teardown); the count starts merged.
-        let merged = owner == 0;
-        BiasedCount {
-            release,
-            owner,
-            local: UnsafeCell::new(usize::from(!merged)),
-            merged: UnsafeCell::new(merged),
-            _pad: [0; 103],
-            shared: AtomicIsize::new(if merged { ONE | MERGED } else { 0 }),
-        }
+        BiasedCount::new(release, crate::biased::owner_id())
     }
     #[inline(always)]
     unsafe fn inc(c: *const BiasedCount) {
-        // SAFETY: live object (contract).  `local` and `merged` are read and
-        // written by the owner only (until the owner's thread has ended).
-        unsafe {
-            let c = &*c;
-            if c.owner == crate::biased::thread_id() && !*c.merged.get() {
-                *c.local.get() += 1;
-            } else {
-                // Relaxed: as for `Atomic::inc`.
-                c.shared.fetch_add(ONE, Ordering::Relaxed);
-            }
-        }
+        // SAFETY: live object (contract); this thread's id.
+        unsafe { (*c).inc(crate::biased::thread_id()) }
     }
     #[inline(always)]
     unsafe fn dec(c: *const BiasedCount) -> bool {
-        // SAFETY: live object (contract); owner-only fields as in `inc`.
-        unsafe {
-            let r = &*c;
-            if r.owner == crate::biased::thread_id() && !*r.merged.get() {
-                let l = r.local.get();
-                debug_assert!(*l > 0, "biased local count below zero");
-                *l -= 1;
-                if *l > 0 {
-                    // Last use of `r`: the poll may merge (and free) it.
-                    crate::biased::poll();
-                    return false;
-                }
-                crate::biased::owner_hit_zero(c)
-            } else {
-                // AcqRel: Release publishes this holder's uses; Acquire makes
-                // the other holders' uses visible if this thread frees.
-                let prev = r.shared.fetch_sub(ONE, Ordering::AcqRel);
-                if prev & MERGED != 0 {
-                    // Whoever takes the merged count to zero frees, unless the
-                    // object is still queued: then the owner's queue does.
-                    return count_of(prev) == 1 && prev & QUEUED == 0;
-                }
-                if count_of(prev) - 1 < 0 && prev & QUEUED == 0 {
-                    crate::biased::went_negative(c);
-                }
+        // SAFETY: live object (contract); this thread's id.
+        match unsafe { (*c).dec(crate::biased::thread_id()) } {
+            Dec::Keep => false,
+            Dec::Free => true,
+            Dec::OwnerAlive => {
+                // Last use of `c`: the poll may merge (and free) it.
+                crate::biased::poll();
+                false
+            }
+            // SAFETY: owner thread, object live.
+            Dec::OwnerZero => unsafe { crate::biased::owner_hit_zero(c) },
+            Dec::Queue => {
+                // SAFETY: live (the owner's references keep it so); we won
+                // QUEUED.
+                unsafe { crate::biased::queue(c) };
                 false
             }
         }
     }
     unsafe fn getrc(c: *const BiasedCount) -> usize {
-        // SAFETY: live object; owner-only fields read by the owner only.
-        unsafe {
-            let r = &*c;
-            // Acquire: pairs with the AcqRel decrements of other threads.
-            let w = r.shared.load(Ordering::Acquire);
-            if r.owner == crate::biased::thread_id() && !*r.merged.get() {
-                (*r.local.get() as isize + count_of(w)).max(1) as usize
-            } else if w & MERGED != 0 {
-                count_of(w).max(1) as usize
-            } else {
-                // Another thread's plain count is unknown here: report
-                // "shared" (an over-report, which only costs a copy).
-                count_of(w).max(0) as usize + 2
-            }
-        }
+        // SAFETY: live object held by the caller; this thread's id.
+        unsafe { (*c).getrc(crate::biased::thread_id()) }
     }
-}
-
-/// Merge the owner's count into the shared word and free the object if no
-/// reference is left.  Called by the owner (from its queue, or when its local
-/// count reaches zero) or, after the owner's thread ended, by the thread that
-/// queued the object.
-///
-/// # Safety
-/// `c` is live; the caller is the owner, or the owner's thread has ended and
-/// the caller won the QUEUED flag (and synchronised with the owner's end).
-pub(crate) unsafe fn biased_merge(c: *const BiasedCount, from_queue: bool) {
-    // SAFETY: contract: nobody else touches `local`/`merged` now.
-    unsafe {
-        let r = &*c;
-        if !*r.merged.get() {
-            *r.merged.get() = true;
-            let l = core::mem::replace(&mut *r.local.get(), 0) as isize;
-            // AcqRel: as for the decrements; adding MERGED sets the bit (it
-            // was clear: only a merge sets it).
-            r.shared.fetch_add(l * ONE + MERGED, Ordering::AcqRel);
-        }
-        if from_queue {
-            let prev = r.shared.fetch_and(!QUEUED, Ordering::AcqRel);
-            if count_of(prev) == 0 {
-                (r.release)(c as *const u8);
-            }
-        }
-    }
-}
-
-/// The owner's local count reached zero: merge; true if the caller must free.
-///
-/// # Safety
-/// Owner thread, object live.
-pub(crate) unsafe fn biased_owner_zero(c: *const BiasedCount) -> bool {
-    // SAFETY: owner thread (contract).
-    unsafe {
-        let r = &*c;
-        *r.merged.get() = true;
-        let prev = r.shared.fetch_or(MERGED, Ordering::AcqRel);
-        count_of(prev) == 0 && prev & QUEUED == 0
-    }
-}
-
-/// Set QUEUED; true if this caller set it (and so must queue the object).
-///
-/// # Safety
-/// Object live.
-pub(crate) unsafe fn biased_try_queue(c: *const BiasedCount) -> bool {
-    // SAFETY: object live (contract).
-    unsafe { (*c).shared.fetch_or(QUEUED, Ordering::AcqRel) & QUEUED == 0 }
-}
-
-/// The owner's thread id of a biased count.
-///
-/// # Safety
-/// Object live.
-pub(crate) unsafe fn biased_owner(c: *const BiasedCount) -> u64 {
-    // SAFETY: object live; `owner` never changes.
-    unsafe { (*c).owner }
 }

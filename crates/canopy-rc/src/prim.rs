@@ -7,6 +7,11 @@ pub(crate) use canopy_sync::prim::{
     fence, spin_hint, AtomicBool, AtomicU64, AtomicUsize, Ordering,
 };
 
+#[cfg(not(canopy_loom))]
+pub(crate) use core::sync::atomic::AtomicIsize;
+#[cfg(canopy_loom)]
+pub(crate) use loom::sync::atomic::AtomicIsize;
+
 #[cfg(canopy_loom)]
 pub(crate) use loom::sync::{Arc, Mutex};
 #[cfg(not(canopy_loom))]

@@ -126,6 +126,136 @@ fn getrc_never_reports_unique_while_shared() {
     });
 }
 
+/// The case that pending increments make delicate: thread 0 holds the
+/// original reference, clones it (the increment stays pending in its lane),
+/// hands the clone to thread 1 and then reads the data and drops its
+/// original, which cancels the pending increment (nothing is sent).  Thread
+/// 1 asks `getrc` and writes in place if it answers 1, then drops.  Checked:
+/// `getrc` never answers 1 while thread 0 holds its reference (and loom's
+/// cell check: the in-place write never races with thread 0's read), the
+/// object is not freed while referenced, and it is released exactly once
+/// (from the counter's zero list, since the last decrement may arrive while
+/// the increment that balances it is still pending).
+#[test]
+fn getrc_by_receiver_while_giver_increment_pending() {
+    model(|| {
+        let d = Arc::new(Domain::new(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let o = new_obj();
+        let ou = o as usize;
+        let mut s0 = Sender::new(d.clone(), true);
+        let mut s1 = Sender::new(d.clone(), true);
+        let t0_holds = Arc::new(AtomicBool::new(true));
+        let ct = counter(&d, &stop);
+        s0.inc(o as *const DCount); // the clone handed to thread 1: pending
+        let h = t0_holds.clone();
+        let t1 = loom::thread::spawn(move || {
+            let o = ou as *const Obj;
+            // SAFETY: thread 1 holds a reference until its `dec`.
+            let n = s1.getrc(o as *const DCount);
+            assert!(n >= 1, "getrc under-reports: {n}");
+            if n == 1 {
+                assert!(
+                    !h.load(Ordering::Relaxed),
+                    "getrc said 1 while thread 0 holds a reference"
+                );
+                unsafe { (*o).data.with_mut(|p| *p = 1) };
+            }
+            unsafe {
+                assert_eq!(
+                    (*o).freed.load(Ordering::Relaxed),
+                    0,
+                    "freed while referenced"
+                )
+            };
+            s1.dec(o as *const DCount);
+            drop(s1);
+        });
+        // SAFETY: thread 0 holds its original reference until its `dec`.
+        let v = unsafe { (*o).data.with(|p| *p) };
+        assert_eq!(v, 0, "thread 0 reads the original data");
+        unsafe {
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                0,
+                "freed while referenced"
+            )
+        };
+        t0_holds.store(false, Ordering::Relaxed);
+        s0.dec(o as *const DCount); // cancels the pending increment
+        drop(s0);
+        t1.join().unwrap();
+        stop.store(true, Ordering::Release);
+        ct.join().unwrap();
+        // SAFETY: every thread is done with the object.
+        unsafe {
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                1,
+                "released exactly once"
+            );
+            drop(Box::from_raw(o));
+        }
+    });
+}
+
+/// A reference handed on while the giver's increment is pending and dropped
+/// by the receiver at once: the receiver's decrement may be applied before
+/// the giver's increment is sent, but the object must not be freed while the
+/// giver still holds its original; thread 0 then clones again (evicting),
+/// and both references end.  Released exactly once.
+#[test]
+fn receiver_drop_before_giver_increment_arrives() {
+    model(|| {
+        let d = Arc::new(Domain::new(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let o = new_obj();
+        let ou = o as usize;
+        let mut s0 = Sender::new(d.clone(), true);
+        let mut s1 = Sender::new(d.clone(), true);
+        let ct = counter(&d, &stop);
+        s0.inc(o as *const DCount); // pending
+        let t1 = loom::thread::spawn(move || {
+            s1.dec(ou as *const DCount);
+            s1.flush();
+            drop(s1);
+        });
+        // Thread 0 still holds the original: never freed meanwhile.
+        loom::thread::yield_now();
+        // SAFETY: thread 0 holds a reference.
+        unsafe {
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                0,
+                "freed while referenced"
+            );
+        }
+        s0.inc(o as *const DCount); // evicts the first increment
+        s0.dec(o as *const DCount); // cancels the second
+        unsafe {
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                0,
+                "freed while referenced"
+            );
+        }
+        s0.dec(o as *const DCount); // the original
+        drop(s0);
+        t1.join().unwrap();
+        stop.store(true, Ordering::Release);
+        ct.join().unwrap();
+        // SAFETY: every thread is done with the object.
+        unsafe {
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                1,
+                "released exactly once"
+            );
+            drop(Box::from_raw(o));
+        }
+    });
+}
+
 /// One sender issues more operations than its lane holds (4 words) while the counter drains: no deadlock, the
 /// operations apply in order (the count never touches zero early), and the
 /// final decrement releases the object once.
@@ -155,6 +285,177 @@ fn back_pressure_keeps_order() {
         // SAFETY: all threads done.
         unsafe {
             assert_eq!((*o).freed.load(Ordering::Relaxed), 1);
+            drop(Box::from_raw(o));
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Biased counting (`biased_core.rs`): the owner counts in a plain field,
+// others atomically; the owner's queue is modelled by a mutex-protected list
+// (in the library, `biased.rs`), the owner's thread stays alive.
+// ---------------------------------------------------------------------------
+
+use canopy_rc::biased_core::{BiasedCount, Dec};
+use loom::sync::Mutex;
+
+#[repr(C)]
+struct BObj {
+    count: BiasedCount,
+    data: UnsafeCell<u32>,
+    freed: AtomicUsize,
+}
+
+unsafe fn brelease(p: *const u8) {
+    // SAFETY: p is a BObj (count first); the model frees the memory.
+    unsafe { (*(p as *const BObj)).freed.fetch_add(1, Ordering::Relaxed) };
+}
+
+const OWNER: u64 = 1;
+
+/// A non-owner's decrement: release, or queue to the owner.
+fn bdec_other(o: *const BObj, me: u64, queue: &Mutex<Vec<usize>>) {
+    // SAFETY: the caller holds a reference it gives up here.
+    match unsafe { (*o).count.dec(me) } {
+        Dec::Keep => {}
+        Dec::Free => unsafe { brelease(o as *const u8) },
+        Dec::Queue => queue.lock().unwrap().push(o as usize),
+        d => panic!("non-owner got {d:?}"),
+    }
+}
+
+/// The owner's decrement, including its poll of the queue.
+fn bdec_owner(o: *const BObj, queue: &Mutex<Vec<usize>>) {
+    // SAFETY: owner thread, holds a reference.
+    match unsafe { (*o).count.dec(OWNER) } {
+        Dec::Keep => {}
+        Dec::Free => unsafe { brelease(o as *const u8) },
+        Dec::OwnerAlive => bmerge_queue(queue),
+        Dec::OwnerZero => {
+            // SAFETY: owner thread.
+            if unsafe { (*o).count.owner_zero() } {
+                unsafe { brelease(o as *const u8) };
+            }
+            bmerge_queue(queue);
+        }
+        Dec::Queue => panic!("the owner never queues"),
+    }
+}
+
+/// The owner processes its queue.
+fn bmerge_queue(queue: &Mutex<Vec<usize>>) {
+    let items = core::mem::take(&mut *queue.lock().unwrap());
+    for o in items {
+        let o = o as *const BObj;
+        // SAFETY: queued objects stay alive until merged from the queue.
+        if unsafe { (*o).count.merge(true) } {
+            unsafe { brelease(o as *const u8) };
+        }
+    }
+}
+
+/// The owner creates an object and hands a reference (counted in its plain
+/// field) to a non-owner, which reads the data and drops it (the unmerged
+/// count goes negative: queued).  Meanwhile the owner asks `getrc` and writes
+/// in place if it says 1, then drops its own reference.  Checked: no answer
+/// of 1 while the other thread holds its reference (and loom's cell check on
+/// the in-place write), never freed while referenced, released exactly once.
+#[test]
+fn biased_owner_and_other() {
+    model(|| {
+        let o = Box::into_raw(Box::new(BObj {
+            count: BiasedCount::new(brelease, OWNER),
+            data: UnsafeCell::new(0),
+            freed: AtomicUsize::new(0),
+        }));
+        let ou = o as usize;
+        let queue = Arc::new(Mutex::new(Vec::new()));
+        let holds = Arc::new(AtomicBool::new(true));
+        // SAFETY (both threads): the object lives until the model frees it.
+        unsafe { (*o).count.inc(OWNER) };
+        let (q, h) = (queue.clone(), holds.clone());
+        let t1 = loom::thread::spawn(move || {
+            let o = ou as *const BObj;
+            assert!(unsafe { (*o).count.getrc(2) } >= 2, "non-owner sees shared");
+            let v = unsafe { (*o).data.with(|p| *p) };
+            assert_eq!(v, 0);
+            h.store(false, Ordering::Relaxed);
+            bdec_other(o, 2, &q);
+        });
+        let n = unsafe { (*o).count.getrc(OWNER) };
+        if n == 1 {
+            assert!(!holds.load(Ordering::Relaxed), "getrc said 1 while shared");
+            unsafe { (*o).data.with_mut(|p| *p = 1) };
+        }
+        assert_eq!(unsafe { (*o).freed.load(Ordering::Relaxed) }, 0);
+        bdec_owner(o, &queue);
+        t1.join().unwrap();
+        bmerge_queue(&queue); // the owner's thread end
+        unsafe {
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                1,
+                "released exactly once"
+            );
+            drop(Box::from_raw(o));
+        }
+    });
+}
+
+/// Two non-owners each drop a reference the owner counted (both race to
+/// take the count negative and to queue it) while the owner merges its
+/// queue and drops its own: `getrc` on a non-owner never says 1 while the
+/// owner still holds its reference, released exactly once, never early.
+#[test]
+fn biased_two_others_queue_once() {
+    model(|| {
+        let o = Box::into_raw(Box::new(BObj {
+            count: BiasedCount::new(brelease, OWNER),
+            data: UnsafeCell::new(0),
+            freed: AtomicUsize::new(0),
+        }));
+        let ou = o as usize;
+        let queue = Arc::new(Mutex::new(Vec::new()));
+        let owner_holds = Arc::new(AtomicBool::new(true));
+        unsafe {
+            (*o).count.inc(OWNER);
+            (*o).count.inc(OWNER);
+        }
+        let ts: Vec<_> = (2..4u64)
+            .map(|me| {
+                let (q, h) = (queue.clone(), owner_holds.clone());
+                loom::thread::spawn(move || {
+                    let o = ou as *const BObj;
+                    let c = unsafe { (*o).count.getrc(me) };
+                    assert!(c >= 1, "getrc under-reports: {c}");
+                    if c == 1 {
+                        assert!(
+                            !h.load(Ordering::Relaxed),
+                            "a non-owner saw 1 while the owner holds one"
+                        );
+                    }
+                    bdec_other(o, me, &q);
+                })
+            })
+            .collect();
+        bmerge_queue(&queue);
+        assert_eq!(
+            unsafe { (*o).freed.load(Ordering::Relaxed) },
+            0,
+            "freed early"
+        );
+        owner_holds.store(false, Ordering::Relaxed);
+        bdec_owner(o, &queue);
+        for t in ts {
+            t.join().unwrap();
+        }
+        bmerge_queue(&queue);
+        unsafe {
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                1,
+                "released exactly once"
+            );
             drop(Box::from_raw(o));
         }
     });

@@ -146,3 +146,129 @@ fn stress_biased() {
 fn stress_delegated() {
     stress::<Delegated>();
 }
+
+enum Msg {
+    Item(Array<Tracker, Delegated>),
+    Ack,
+    Done,
+}
+
+/// References handed between threads while the giver's increment is still
+/// pending (delegated counting keeps a thread's last increment unsent): a
+/// thread clones an array, sends the clone to its peer and keeps its own
+/// reference until the peer acknowledges; the peer asks `getrc`, which must
+/// say at least 2, then keeps or drops the clone.  Threads also drop their
+/// own references at random (the drop of the array whose increment is
+/// pending cancels it).  Every array freed exactly once.
+#[test]
+fn stress_delegated_handoff() {
+    const ARRAYS: usize = 16;
+    let rounds = 24 * scale();
+    let ops = 6_000;
+    let total = ARRAYS * rounds;
+    let freed = Arc::new((0..total).map(|_| AtomicUsize::new(0)).collect::<Vec<_>>());
+    let false_unique = AtomicUsize::new(0);
+    for round in 0..rounds {
+        let arrays: Vec<Array<Tracker, Delegated>> = (0..ARRAYS)
+            .map(|i| {
+                Array::from_fn(&[1], |_| Tracker {
+                    id: round * ARRAYS + i,
+                    freed: freed.clone(),
+                })
+            })
+            .collect();
+        let mine: [Vec<Vec<Array<Tracker, Delegated>>>; 2] = [
+            arrays.iter().map(|a| vec![a.clone()]).collect(),
+            arrays.into_iter().map(|a| vec![a]).collect(),
+        ];
+        // This thread's last clone is still pending (it would keep its array
+        // alive until this thread's next count operation): send it.
+        delegated::flush();
+        let (tx0, rx1) = std::sync::mpsc::channel::<Msg>();
+        let (tx1, rx0) = std::sync::mpsc::channel::<Msg>();
+        std::thread::scope(|s| {
+            for (t, (held, (tx, rx))) in mine.into_iter().zip([(tx0, rx0), (tx1, rx1)]).enumerate()
+            {
+                let false_unique = &false_unique;
+                s.spawn(move || {
+                    let mut held = held;
+                    let mut peer_done = false;
+                    let mut rng = Rng(0xD1B5_4A32_D192_ED03 ^ ((round * 2 + t) as u64 + 1));
+                    for _ in 0..ops {
+                        let i = rng.below(ARRAYS);
+                        if held[i].is_empty() {
+                            continue;
+                        }
+                        let c = held[i][0].clone();
+                        tx.send(Msg::Item(c)).unwrap();
+                        // Our reference held[i][0] lives until the ack.
+                        loop {
+                            match rx.recv().unwrap() {
+                                Msg::Ack => break,
+                                Msg::Done => peer_done = true,
+                                Msg::Item(c) => {
+                                    if c.getrc() < 2 {
+                                        false_unique.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    let j = c.as_slice()[0].id % ARRAYS;
+                                    tx.send(Msg::Ack).unwrap();
+                                    if rng.below(2) == 0 {
+                                        held[j].push(c);
+                                    }
+                                }
+                            }
+                        }
+                        match rng.below(8) {
+                            0 => {
+                                held[i].pop();
+                            }
+                            1 => delegated::flush(),
+                            _ => {}
+                        }
+                    }
+                    // Serve the peer's last requests, then finish.
+                    tx.send(Msg::Done).unwrap();
+                    while !peer_done {
+                        match rx.recv().unwrap() {
+                            Msg::Item(c) => {
+                                if c.getrc() < 2 {
+                                    false_unique.fetch_add(1, Ordering::Relaxed);
+                                }
+                                tx.send(Msg::Ack).unwrap();
+                                drop(c);
+                            }
+                            Msg::Done => peer_done = true,
+                            Msg::Ack => unreachable!("no request outstanding"),
+                        }
+                    }
+                    drop(held);
+                    delegated::flush();
+                });
+            }
+        });
+    }
+    assert_eq!(
+        false_unique.load(Ordering::Relaxed),
+        0,
+        "getrc said 1 while the giver held a reference"
+    );
+    let mut waited = 0u64;
+    loop {
+        let done = freed
+            .iter()
+            .filter(|f| f.load(Ordering::SeqCst) >= 1)
+            .count();
+        if done == total {
+            break;
+        }
+        waited += 1;
+        assert!(waited < 20_000, "only {done} of {total} arrays freed");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let twice = freed
+        .iter()
+        .filter(|f| f.load(Ordering::SeqCst) > 1)
+        .count();
+    assert_eq!(twice, 0, "{twice} arrays freed more than once");
+}
