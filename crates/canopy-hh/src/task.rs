@@ -236,8 +236,10 @@ impl Task {
                 }
             }
         }
+        // The children's chunks count as new allocation here: what survived
+        // their collections need not be live in this heap any more, so the
+        // threshold stays relative to this heap's own last survivors.
         self.bytes += child.bytes;
-        self.survived += child.survived;
         if self.remset.is_empty() {
             self.remset = std::mem::take(&mut child.remset);
         } else {

@@ -742,3 +742,41 @@ fn a_task_that_only_forks_collects_at_the_joins() {
     });
     assert!(st.collections >= 1, "{st:?}");
 }
+
+/// A merge sort whose outputs are built in child tasks: the halves die in
+/// each parent, and the collections at the joins above must reclaim them
+/// (a child's survivors once counted as the parent's, which kept every
+/// threshold too high to ever collect).
+#[test]
+fn garbage_left_by_joined_children_is_collected_at_later_joins() {
+    setup();
+    fn sort<'a>(s: &mut Scope<'a>, n: usize) -> Gc<'a> {
+        if n <= 1 << 12 {
+            let g = s.raw::<i64>(n);
+            s.freeze(g);
+            return g;
+        }
+        s.scope_keep(|s| {
+            let (a, b) = s.par_gc(|s| sort(s, n / 2), |s| sort(s, n - n / 2));
+            let len = s.raw_len::<i64>(a) + s.raw_len::<i64>(b);
+            let (out, _) = s.par_gc(
+                |s| {
+                    let (g, ()) = s.raw_build::<i64, ()>(len, |s, f| {
+                        f.extend_from_slice(s.raw_slice::<i64>(a));
+                        f.extend_from_slice(s.raw_slice::<i64>(b));
+                    });
+                    s.freeze(g);
+                    g
+                },
+                |s| s.raw::<i64>(0),
+            );
+            out
+        })
+    }
+    let (_, st) = run_with_stats(|s| {
+        let r = sort(s, 1 << 17);
+        assert_eq!(s.raw_len::<i64>(r), 1 << 17);
+    });
+    assert!(st.bytes_reclaimed > st.bytes_allocated / 4, "{st:?}");
+    assert!(st.peak_heap_bytes < st.bytes_allocated / 2, "{st:?}");
+}

@@ -681,7 +681,24 @@ fn tour(cli: &Cli, a: &TourArgs) -> Result<ExitCode> {
         results_dir: dir.clone(),
     };
     
-    let steps: [(&str, Step); 10] = [
+    let hh_exe = std::env::current_exe().context("finding the canopy binary to run hh-suite's children")?;
+    let hho = hh_suite::HhOptions {
+        programs: Vec::new(),
+        threads: hh_suite::default_threads(),
+        warmups: 1,
+        seed: 2023,
+        child: hh_suite::ChildCommand {
+            program: hh_exe,
+            args: vec!["bench".into(), "hh-suite-child".into()],
+        },
+    };
+    let hhc = hh_suite::HhCommon {
+        size: Size::Quick,
+        runs: a.runs,
+        results_dir: dir.clone(),
+        timeout: Duration::from_secs(cli.timeout.max(1)),
+    };
+    let steps: [(&str, Step); 11] = [
         (
             "sac",
             Box::new(|| {
@@ -726,6 +743,7 @@ fn tour(cli: &Cli, a: &TourArgs) -> Result<ExitCode> {
         ("rc-kernel", Box::new(|| rc::run_kernel(&rcc))),
         ("rc-fft", Box::new(|| rc::run_fft(&rcc))),
         ("rc-reuse", Box::new(|| rc::run_reuse(&rcc))),
+        ("hh-suite", Box::new(|| hh_suite::run(&hhc, &hho))),
     ];
     for (name, step) in steps.iter() {
         eprintln!("== {name}");
