@@ -86,8 +86,8 @@ fn compile_with(name: &str, link: &[String]) -> PathBuf {
 
 fn run(cmd: &mut Command, check_mode: bool) -> Output {
     cmd.env("LD_PRELOAD", lib()).env("CANOPY_CHECK", if check_mode { "1" } else { "0" });
-    let out = cmd.output().expect("run program");
-    out
+    
+    cmd.output().expect("run program")
 }
 
 fn text(b: &[u8]) -> String {

@@ -524,7 +524,7 @@ mod model {
                         for d in dead { prop_assert!(ra.alloc(1, d).is_err()); }
                     }
                 }
-                ra.check().map_err(|e| TestCaseError::fail(e))?;
+                ra.check().map_err(TestCaseError::fail)?;
             }
             for o in &objs {
                 prop_assert!(holds(o.p, o.size, o.v));

@@ -59,6 +59,10 @@ impl Regions {
         Ok(Regions { inner: UnsafeCell::new(RegionAllocator::with_config(cfg)?) })
     }
 
+    // The arena pattern: `&self` hands out `&mut` to fresh, disjoint objects
+    // (and, here, to the allocator for the length of one call); clippy's
+    // `mut_from_ref` cannot see that no two such references overlap.
+    #[allow(clippy::mut_from_ref)]
     fn ra(&self) -> &mut RegionAllocator {
         // SAFETY: `Regions` is not `Sync`, and no method lets a reference to
         // the allocator escape or calls back into user code while holding
@@ -72,6 +76,7 @@ impl Regions {
     }
 
     /// Store `value` in region `r`.
+    #[allow(clippy::mut_from_ref)] // fresh objects, disjoint from every other (see `ra`)
     pub fn alloc<T: Copy>(&self, r: RegionId, value: T) -> Result<&mut T, RegionError> {
         let p = self.raw(r, size_of::<T>(), align_of::<T>())?.cast::<T>();
         // SAFETY: p is a fresh object of at least size_of::<T>() bytes,
@@ -84,6 +89,7 @@ impl Regions {
     }
 
     /// Copy `values` into a new array in region `r`.
+    #[allow(clippy::mut_from_ref)] // fresh objects, disjoint from every other (see `ra`)
     pub fn alloc_slice<T: Copy>(&self, r: RegionId, values: &[T]) -> Result<&mut [T], RegionError> {
         let bytes = size_of::<T>().checked_mul(values.len()).ok_or(RegionError::SizeTooLarge(usize::MAX))?;
         let p = self.raw(r, bytes, align_of::<T>())?.cast::<T>();
@@ -95,6 +101,7 @@ impl Regions {
     }
 
     /// Copy `s` into region `r`.
+    #[allow(clippy::mut_from_ref)] // fresh objects, disjoint from every other (see `ra`)
     pub fn alloc_str(&self, r: RegionId, s: &str) -> Result<&mut str, RegionError> {
         let b = self.alloc_slice(r, s.as_bytes())?;
         // SAFETY: the bytes were copied from a str.

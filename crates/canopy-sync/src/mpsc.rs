@@ -253,8 +253,8 @@ mod tests {
         let scale: usize = std::env::var("CANOPY_STRESS_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
         let per = 20_000 * scale;
         let q = Arc::new({
-            let q = MpscQueue::new();
-            q
+            
+            MpscQueue::new()
         });
         // Move into Arc first, then init in place.
         unsafe { q.init() };
