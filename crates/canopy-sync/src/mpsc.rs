@@ -263,7 +263,7 @@ mod tests {
                 let q = q.clone();
                 std::thread::spawn(move || {
                     for i in 0..per {
-                        unsafe { q.push(item(t * per + i) as *mut Node) };
+                        unsafe { q.push(item(t * per + i)) };
                     }
                 })
             })
