@@ -61,9 +61,10 @@
 //!   `Sync`). They may capture and use the parent's handles.
 //! * Children return plain data from `par`, or objects through
 //!   [`Scope::par_gc`], which re-roots them in the parent.
-//! * What Rust cannot express is checked: in debug builds, every use of a
-//!   handle checks that its object is in the current task's heap or an
-//!   ancestor's (a handle carried to another task tree panics), and the write
+//! * What Rust cannot express is checked: every use of a handle checks that
+//!   it belongs to the current task tree (a handle carried to another `run`
+//!   panics); in debug builds, also that its object is in the current task's
+//!   heap or an ancestor's; and the write
 //!   barrier refuses, in every build, to store pointers between heaps that are
 //!   not on the current task's path to the root.
 //!

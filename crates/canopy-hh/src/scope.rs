@@ -50,12 +50,18 @@ impl Drop for OnThread {
 #[derive(Clone, Copy)]
 pub struct Gc<'s> {
     slot: *mut u64,
+    /// The task tree whose root stack holds the slot: a handle used in
+    /// another tree (whose tasks could be collecting concurrently) is refused.
+    tree: u32,
     _brand: Brand<'s>,
 }
 
 // SAFETY: a handle is a pointer to a slot of a task's root stack. Child tasks
 // may read the slots of their (suspended) ancestors, which nobody writes while
-// the children run: the ancestor's collector runs only in the ancestor itself.
+// the children run: the ancestor's collector runs only in the ancestor itself
+// (or in a first child while the ancestor's other child has not started).
+// Every use checks that the handle belongs to the using task's tree, so a
+// handle sent to another tree (another `run`) is refused before its slot is read.
 unsafe impl Send for Gc<'_> {}
 // SAFETY: as above; reading a slot is the only operation through `&Gc`.
 unsafe impl Sync for Gc<'_> {}
@@ -71,7 +77,7 @@ impl<'s> Gc<'s> {
 
 impl std::fmt::Debug for Gc<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Gc({:#x})", self.word())
+        write!(f, "Gc(slot {:p}, tree {})", self.slot, self.tree)
     }
 }
 
@@ -186,6 +192,16 @@ impl<T> Drop for FillGuard<'_, '_, T> {
         unsafe { std::ptr::write_bytes(f.base.add(f.done), 0, f.cap - f.done) };
     }
 }
+
+#[cold]
+fn foreign_handle(from: u32, here: u32) -> ! {
+    panic!(
+        "canopy-hh: a handle of task tree {from} used in task tree {here}: handles stay in the run() that \
+         made them (another tree's tasks may move the object at any time)"
+    )
+}
+
+static NEXT_TREE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
 
 #[cold]
 fn busy_panic(o: u64, what: &str) -> ! {
@@ -313,6 +329,7 @@ pub fn run_with_stats<R>(f: impl for<'s> FnOnce(&mut Scope<'s>) -> R) -> (R, Sta
     );
     let _on = OnThread::enter();
     let mut task = Task::new(std::ptr::null_mut(), 2);
+    task.tree = NEXT_TREE.fetch_add(1, Ordering::Relaxed);
     let r = {
         let mut s = Scope::new(&mut task);
         f(&mut s)
@@ -339,18 +356,33 @@ impl<'s> Scope<'s> {
 
     #[inline]
     fn root(&self, w: u64) -> Gc<'s> {
-        Gc { slot: self.task().roots.push(w), _brand: PhantomData }
+        let t = self.task();
+        Gc { slot: t.roots.push(w), tree: t.tree, _brand: PhantomData }
     }
 
     /// The object behind a handle, checked in debug builds to belong to this
     /// task's heap or an ancestor's.
     #[inline]
     fn obj(&self, g: Gc<'_>) -> u64 {
+        // In every build: the slot must belong to this task tree, where its
+        // owner is this task or a suspended ancestor (never collecting now).
+        if g.tree != self.task().tree {
+            foreign_handle(g.tree, self.task().tree);
+        }
         let o = g.word();
         if cfg!(debug_assertions) {
             self.check_reachable(o);
         }
         o
+    }
+
+    /// The word of a value, its handle checked as in `obj`.
+    #[inline]
+    fn val_word(&self, v: Val<'_>) -> u64 {
+        match v {
+            Val::Obj(g) => self.obj(g),
+            Val::Int(_) => v.word(),
+        }
     }
 
     #[cold]
@@ -573,7 +605,7 @@ impl<'s> Scope<'s> {
         for (i, v) in fields.iter().enumerate() {
             // Read the handles after the allocation: it may have moved them.
             // SAFETY: field i of the fresh object.
-            unsafe { p.add(1 + i).write(v.word()) };
+            unsafe { p.add(1 + i).write(self.val_word(*v)) };
         }
         self.root(p as u64)
     }
@@ -581,7 +613,7 @@ impl<'s> Scope<'s> {
     /// A mutable array of `len` values, each `init`.
     pub fn array(&mut self, len: usize, init: Val<'_>) -> Gc<'s> {
         let p = self.alloc_object(Kind::Array, len);
-        let w = init.word();
+        let w = self.val_word(init);
         for i in 0..len {
             // SAFETY: field i of the fresh object.
             unsafe { p.add(1 + i).write(w) };
@@ -593,7 +625,7 @@ impl<'s> Scope<'s> {
     pub fn new_ref(&mut self, init: Val<'_>) -> Gc<'s> {
         let p = self.alloc_object(Kind::Ref, 1);
         // SAFETY: the one field of the fresh object.
-        unsafe { p.add(1).write(init.word()) };
+        unsafe { p.add(1).write(self.val_word(init)) };
         self.root(p as u64)
     }
 
@@ -765,7 +797,7 @@ impl<'s> Scope<'s> {
         let o = self.obj(g);
         let (h, kind) = self.value_field(o, i, "set");
         assert!(kind.is_mutable(), "canopy-hh: set on an immutable {kind:?} object {o:#x}");
-        let w = v.word();
+        let w = self.val_word(v);
         if Word(w).is_ptr() && crate::chunk::chunk_of(w) != crate::chunk::chunk_of(o) {
             self.write_barrier(o, h, i, w);
         }

@@ -100,6 +100,8 @@ pub(crate) struct Task {
     /// par_fill calls in progress: while non-zero, no descendant collects
     /// this heap (children hold `&mut` pieces of one of its arrays).
     pub(crate) shielded: u32,
+    /// The task tree (one `run`) this task belongs to; handles carry it.
+    pub(crate) tree: u32,
 }
 
 // SAFETY: a Task is used by one thread at a time: it is created by the forking
@@ -126,6 +128,7 @@ impl Task {
             link: ptr::null(),
             parent: ptr::null_mut(),
             shielded: 0,
+            tree: 0,
         }
     }
 
@@ -277,6 +280,8 @@ impl Task {
         let link = ForkLink::new();
         let mut a = Task::new(me, 0);
         let mut b = Task::new(me, 1);
+        a.tree = self.tree;
+        b.tree = self.tree;
         // The first child may collect this (suspended) task's heap while the
         // second has not started: it gets the link and a way back here.
         a.link = &link;

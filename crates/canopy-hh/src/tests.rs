@@ -780,3 +780,41 @@ fn garbage_left_by_joined_children_is_collected_at_later_joins() {
     assert!(st.bytes_reclaimed > st.bytes_allocated / 4, "{st:?}");
     assert!(st.peak_heap_bytes < st.bytes_allocated / 2, "{st:?}");
 }
+
+#[test]
+fn a_handle_used_in_another_task_tree_is_refused() {
+    setup();
+    let e = std::panic::catch_unwind(|| {
+        run(|s| {
+            let t = s.tuple(&[Val::Int(5)]);
+            std::thread::scope(|sc| {
+                sc.spawn(move || {
+                    // Another run on another thread: its task tree must not
+                    // read the first tree's slot.
+                    run(|s2| s2.get_int(t, 0))
+                })
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+            })
+        })
+    })
+    .unwrap_err();
+    let m = e.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(m.contains("used in task tree"), "{m}");
+    // Also as a value stored into the other tree's objects.
+    let e = std::panic::catch_unwind(|| {
+        run(|s| {
+            let t = s.tuple(&[Val::Int(5)]);
+            std::thread::scope(|sc| {
+                sc.spawn(move || run(|s2| {
+                    s2.tuple(&[Val::Obj(t)]);
+                }))
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+            })
+        })
+    })
+    .unwrap_err();
+    let m = e.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(m.contains("used in task tree"), "{m}");
+}
