@@ -193,6 +193,22 @@ impl<T> Drop for FillGuard<'_, '_, T> {
     }
 }
 
+/// Marks a raw array busy (every other access to it panics) until dropped.
+struct Busy(u64);
+
+impl Busy {
+    fn mark(o: u64, header: u64) -> Busy {
+        header_at(o).store(header | BUSY, Ordering::Relaxed);
+        Busy(o)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        header_at(self.0).fetch_and(!BUSY, Ordering::Relaxed);
+    }
+}
+
 #[cold]
 fn foreign_handle(from: u32, here: u32) -> ! {
     panic!(
@@ -955,14 +971,7 @@ impl<'s> Scope<'s> {
             "canopy-hh: with_raw_mut of an array outside this task's own heap ({})",
             heap::task_name(self.task().heap())
         );
-        header_at(o).store(h | BUSY, Ordering::Relaxed);
-        struct Unbusy(u64);
-        impl Drop for Unbusy {
-            fn drop(&mut self) {
-                header_at(self.0).fetch_and(!BUSY, Ordering::Relaxed);
-            }
-        }
-        let _unbusy = Unbusy(o);
+        let _unbusy = Busy::mark(o, h);
         // SAFETY: as raw_mut; besides, the busy bit refuses every other view
         // of the array while `f` runs, and `f` cannot allocate (it gets
         // `&Scope`), so the array does not move.
@@ -1009,14 +1018,7 @@ impl<'s> Scope<'s> {
             heap::task_name(self.task().heap())
         );
         let n = len / std::mem::size_of::<T>();
-        header_at(o).store(h | BUSY, Ordering::Relaxed);
-        struct Unbusy(u64);
-        impl Drop for Unbusy {
-            fn drop(&mut self) {
-                header_at(self.0).fetch_and(!BUSY, Ordering::Relaxed);
-            }
-        }
-        let unbusy = Unbusy(o);
+        let unbusy = Busy::mark(o, h);
         let base = SendPtr((o as *mut u64).wrapping_add(1) as *mut T);
         let grain = grain.max(1);
         // Even a single piece runs in a child: the owner could collect (and
