@@ -234,7 +234,11 @@ fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
                 (*d).flags = 0;
                 g.stats.large_allocs += 1;
                 g.stats.large_bytes += (units * UNIT) as u64;
-                (arena::unit_addr(d), zeroed)
+                let p = arena::unit_addr(d);
+                if !zeroed {
+                    trim_tail(g, p, size, units);
+                }
+                (p, zeroed)
             }
             None => (ptr::null_mut(), false),
         }
@@ -246,6 +250,34 @@ fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
         unsafe { (*h).counters.large_allocs += 1 };
     }
     r
+}
+
+/// Tails at least this long (and at least a quarter of their span) are
+/// trimmed by [`trim_tail`].
+const TRIM_MIN: usize = 16 << 10;
+
+/// A large chunk of `size` bytes got a reused span of `units` units, whose
+/// pages past `size` may still be in memory (an earlier, longer chunk touched
+/// them): give a long enough tail back to the OS, so that a chunk costs the
+/// memory it asked for, not its span's. Chunks from fresh or decommitted
+/// spans need nothing (untouched pages take no memory). Growing the chunk in
+/// place later is unaffected: the trimmed pages read as zero when touched.
+///
+/// # Safety
+/// The global lock is held (or the solo thread runs); `p` is the span's
+/// first byte and the span is this chunk's.
+unsafe fn trim_tail(g: &mut global::GlobalState, p: *mut u8, size: usize, units: usize) {
+    let span = units << UNIT_SHIFT;
+    let used = size.next_multiple_of(canopy_sys::page_size());
+    let tail = span.saturating_sub(used);
+    if tail >= TRIM_MIN && tail * 4 >= span {
+        // SAFETY: the tail lies inside the span, which is ours and holds no
+        // live data past `size`.
+        if unsafe { canopy_sys::decommit(p.add(used), tail) }.is_ok() {
+            g.stats.bytes_decommitted += tail as u64;
+            g.stats.decommits += 1;
+        }
+    }
 }
 
 /// Allocate `size` zeroed bytes.

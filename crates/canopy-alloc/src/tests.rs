@@ -547,3 +547,50 @@ fn large_realloc_grows_and_shrinks_in_place() {
     unsafe { free(q) };
     check_invariants().unwrap();
 }
+
+/// Pages of `[p, p + len)` in memory (mincore; `p` page aligned).
+fn resident_pages(p: *mut u8, len: usize) -> usize {
+    let page = canopy_sys::page_size();
+    let mut v = vec![0u8; len.div_ceil(page)];
+    // SAFETY: the range lies in the arena's reservation; mincore only reads
+    // the page tables.
+    let r = unsafe { libc::mincore(p as *mut libc::c_void, len, v.as_mut_ptr()) };
+    assert_eq!(r, 0, "mincore failed");
+    v.iter().filter(|&&b| b & 1 != 0).count()
+}
+
+#[test]
+fn a_reused_span_keeps_in_memory_only_what_the_new_chunk_asked_for() {
+    let _g = serial();
+    let page = canopy_sys::page_size();
+    // A long chunk, every page touched, then freed: its span stays committed
+    // in the global heap (far below CANOPY_RETAIN_MB) and is reused.
+    let big = alloc_aligned(8 * UNIT, UNIT);
+    assert!(!big.is_null());
+    fill(big, 8 * UNIT, 1);
+    let span = big as usize..big as usize + 8 * UNIT;
+    unsafe { free(big) };
+    assert!(resident_pages(big, 8 * UNIT) > 0, "the freed span should still be in memory");
+    // Short chunks (one 64 KiB unit each, 20 KiB asked for): whatever span
+    // each comes from, the pages past what it asked for are not in memory.
+    let ask: usize = 20 << 10;
+    let tail_from = ask.next_multiple_of(page);
+    let (mut chunks, mut inside) = (Vec::new(), 0);
+    while inside < 8 && chunks.len() < 4096 {
+        let p = alloc_aligned(ask, UNIT);
+        assert!(!p.is_null());
+        assert_eq!(p as usize % UNIT, 0);
+        // SAFETY: the chunk's span is one unit; only its tail is inspected.
+        let tail = unsafe { p.add(tail_from) };
+        assert_eq!(resident_pages(tail, UNIT - tail_from), 0, "tail of the chunk at {p:p} is in memory");
+        fill(p, ask, 2);
+        inside += usize::from(span.contains(&(p as usize)));
+        chunks.push(p);
+    }
+    assert!(inside > 0, "no chunk reused the freed span");
+    for p in chunks {
+        assert!(verify(p, ask, 2));
+        unsafe { free(p) };
+    }
+    check_invariants().unwrap();
+}

@@ -2,7 +2,7 @@
 //!
 //! A chunk is `chunk_bytes` long and aligned to its size, taken from
 //! `canopy-alloc`; an object larger than a quarter chunk gets a chunk of its
-//! own (a multiple of the chunk size, same alignment), so an object's chunk is
+//! own (as long as the object, same alignment), so an object's chunk is
 //! always found by masking its address. The chunk header holds the heap record
 //! the chunk was allocated for; merged heaps are found from it by union-find
 //! (see `heap.rs`).
@@ -164,7 +164,10 @@ fn keep_pooled(c: usize) -> bool {
 pub(crate) fn new_chunk(heap: *mut HeapRecord, words: usize, large: bool) -> *mut Chunk {
     let size = crate::config::config().chunk_bytes;
     let need = HEADER_BYTES + words * 8;
-    let bytes = if large { need.div_ceil(size) * size } else { size };
+    // A large chunk asks for what its object needs: canopy-alloc gives whole
+    // 64 KiB units, and keeps the pages past `need` out of memory (it trims
+    // the tail of a reused span), so a 20 KiB object costs about 20 KiB.
+    let bytes = if large { need } else { size };
     let pooled = if large { None } else { take_pooled() };
     let p = pooled.unwrap_or_else(|| canopy_alloc::alloc_aligned(bytes, size) as usize) as *mut Chunk;
     if p.is_null() {

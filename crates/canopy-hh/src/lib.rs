@@ -138,7 +138,7 @@ pub use heap::live_heap_records;
 #[cfg(not(canopy_loom))]
 pub use object::{Kind, INT_MAX, INT_MIN};
 #[cfg(not(canopy_loom))]
-pub use scope::{run, run_with_stats, Filler, Gc, Scope, Unboxed, Val};
+pub use scope::{run, run_keep, run_with_stats, Filler, Gc, Kept, Scope, Unboxed, Val};
 #[cfg(not(canopy_loom))]
 pub use stats::{global_stats, Stats};
 

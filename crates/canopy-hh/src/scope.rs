@@ -339,21 +339,128 @@ pub fn run<R>(f: impl for<'s> FnOnce(&mut Scope<'s>) -> R) -> R {
 
 /// [`run`], also returning the counters of the task tree.
 pub fn run_with_stats<R>(f: impl for<'s> FnOnce(&mut Scope<'s>) -> R) -> (R, Stats) {
+    let (r, task) = run_root(f);
+    let stats = task.stats;
+    drop(task);
+    (r, stats)
+}
+
+/// Run `f` as a root task; return its result and the root task, whose heap
+/// (every task's heap, merged at the joins) is still alive.
+fn run_root<R>(f: impl for<'s> FnOnce(&mut Scope<'s>) -> R) -> (R, Box<Task>) {
     assert!(
         TASKS_ON_THREAD.with(|c| c.get()) == 0,
         "canopy-hh: run() called inside a task; fork with Scope::par instead"
     );
     let _on = OnThread::enter();
-    let mut task = Task::new(std::ptr::null_mut(), 2);
+    // Boxed so the task can outlive this call (run_keep) without moving.
+    let mut task = Box::new(Task::new(std::ptr::null_mut(), 2));
     task.tree = NEXT_TREE.fetch_add(1, Ordering::Relaxed);
     let r = {
         let mut s = Scope::new(&mut task);
         f(&mut s)
     };
-    let stats = task.stats;
-    crate::stats::add_global(&stats);
-    drop(task);
-    (r, stats)
+    crate::stats::add_global(&task.stats);
+    (r, task)
+}
+
+/// [`run`] for a program whose result is a managed object: the task tree's
+/// heap is kept after the run, holding the object `f` returns, so the caller
+/// reads it where it was built instead of copying it out. The heap (all of
+/// it: the tasks' heaps were merged into the root's at the joins) is
+/// released when the [`Kept`] is dropped.
+///
+/// ```
+/// use canopy_hh::{run_keep, Val};
+///
+/// let squares = run_keep(|s| {
+///     let (l, r) = s.par_gc(
+///         |s| s.raw_from::<u64>(&[0, 1, 4]),
+///         |s| s.raw_from::<u64>(&[9, 16]),
+///     );
+///     s.tuple(&[Val::Obj(l), Val::Obj(r)])
+/// });
+/// let total: u64 = squares.read(|s, pair| {
+///     (0..2).map(|i| s.raw_slice::<u64>(s.get(pair, i).as_obj().unwrap()).iter().sum::<u64>()).sum()
+/// });
+/// assert_eq!(total, 30);
+/// ```
+///
+/// # Panics
+/// As [`run`].
+pub fn run_keep(f: impl for<'s> FnOnce(&mut Scope<'s>) -> Gc<'s>) -> Kept {
+    let (w, mut task) = run_root(|s| f(s).word());
+    let slot = task.roots.push(w);
+    Kept { task: Box::into_raw(task), slot }
+}
+
+/// The heap of a finished task tree and the object its root task returned
+/// (see [`run_keep`]).
+///
+/// No task runs in the heap any more and nothing collects it, so its objects
+/// stay where they are until the `Kept` is dropped. It is read through a
+/// shared [`Scope`], which cannot allocate or fork. It can be sent to another
+/// thread (it owns the heap outright), but not shared: a read adds handles to
+/// its root stack.
+pub struct Kept {
+    /// The root task (from `Box::into_raw`; reads mutate its root stack
+    /// through `&self`, so no reference to it is kept).
+    task: *mut Task,
+    /// The root slot holding the result.
+    slot: *mut u64,
+}
+
+// SAFETY: a Kept owns a finished task tree's heap outright: no task runs in
+// it and nothing else points at its task, root stack or chunks, and none of
+// them is tied to a thread (a dropped chunk goes to the dropping thread's
+// pool). So moving it to another thread is sound; it stays !Sync, because a
+// read mutates the root stack through `&self`.
+unsafe impl Send for Kept {}
+
+impl Kept {
+    /// Read the kept result: `f` gets a shared scope over the heap and the
+    /// handle of the object the run returned. Handles made while reading
+    /// (by `get`) are released when `f` returns.
+    pub fn read<R>(&self, f: impl for<'k> FnOnce(&Scope<'k>, Gc<'k>) -> R) -> R {
+        let task = self.task;
+        // SAFETY: the task is ours and alive while self is; a Kept is !Sync,
+        // so only this thread touches it now; no reference to the task
+        // outlives a statement here or in Scope's methods (see Scope::task),
+        // so nested reads are fine.
+        let (mark, tree) = unsafe { ((*task).roots.mark(), (*task).tree) };
+        let s = Scope { task, _brand: PhantomData };
+        let g = Gc { slot: self.slot, tree, _brand: PhantomData };
+        let r = f(&s, g);
+        // SAFETY: as above; the handles made by f die with f's brand.
+        unsafe { (*task).roots.reset(mark) };
+        r
+    }
+
+    /// Counters of the task tree's run.
+    pub fn stats(&self) -> Stats {
+        // SAFETY: see read.
+        unsafe { (*self.task).stats }
+    }
+
+    /// Bytes of chunks the kept heap holds.
+    pub fn heap_bytes(&self) -> usize {
+        // SAFETY: see read.
+        unsafe { (*self.task).bytes }
+    }
+}
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kept").field("heap_bytes", &self.heap_bytes()).finish()
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        // SAFETY: from Box::into_raw in run_keep, dropped once; the Task's
+        // own Drop releases the heap's chunks.
+        drop(unsafe { Box::from_raw(self.task) });
+    }
 }
 
 impl<'s> Scope<'s> {

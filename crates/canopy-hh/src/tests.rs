@@ -818,3 +818,63 @@ fn a_handle_used_in_another_task_tree_is_refused() {
     let m = e.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(m.contains("used in task tree"), "{m}");
 }
+
+#[test]
+fn a_kept_result_outlives_its_run_and_reads_in_place() {
+    setup();
+    // A list built across forks and collected on the way: what the run
+    // returns stays readable after it, at the address it had at the end.
+    let kept = run_keep(|s| {
+        let (a, b) = s.par_gc(|s| list(s, 300), |s| list(s, 200));
+        s.collect();
+        let pair = s.tuple(&[Val::Obj(a), Val::Obj(b)]);
+        s.collect_with_ancestors();
+        pair
+    });
+    assert!(kept.heap_bytes() > 0);
+    assert!(kept.stats().objects_allocated >= 501);
+    fn walk<'k>(s: &Scope<'k>, l: Gc<'k>) -> (i64, usize) {
+        let (mut sum, mut n, mut cur) = (0, 0, Val::Obj(l));
+        while let Val::Obj(c) = cur {
+            sum += s.get_int(c, 0);
+            n += 1;
+            cur = s.get(c, 1);
+        }
+        (sum, n)
+    }
+    let (first, handles_after) = kept.read(|s, pair| {
+        let a = walk(s, s.get(pair, 0).as_obj().unwrap());
+        let b = walk(s, s.get(pair, 1).as_obj().unwrap());
+        // Nested reads see the same heap and release their own handles.
+        let inner = kept.read(|s2, p2| walk(s2, s2.get(p2, 1).as_obj().unwrap()));
+        assert_eq!(inner, b);
+        ((a, b), s.handles())
+    });
+    assert_eq!(first, ((300 * 301 / 2, 300), (200 * 201 / 2, 200)));
+    // The handles of a read are released when it returns.
+    let handles_next = kept.read(|s, _| s.handles());
+    assert!(handles_next < handles_after, "{handles_next} handles after a read, {handles_after} during one");
+    let again = kept.read(|s, pair| walk(s, s.get(pair, 0).as_obj().unwrap()));
+    assert_eq!(again, first.0);
+    drop(kept);
+}
+
+#[test]
+fn a_kept_raw_array_is_read_as_a_slice() {
+    setup();
+    let kept = run_keep(|s| {
+        let (l, r) = s.par_gc(|s| s.raw_from::<u32>(&[1, 2, 3]), |s| s.raw_from::<u32>(&[4, 5]));
+        let both = s.raw_build::<u32, ()>(5, |s, out| {
+            out.extend_from_slice(s.raw_slice::<u32>(l));
+            out.extend_from_slice(s.raw_slice::<u32>(r));
+        });
+        both.0
+    });
+    assert_eq!(kept.read(|s, a| s.raw_slice::<u32>(a).to_vec()), vec![1, 2, 3, 4, 5]);
+    // A handle of another tree is refused in a kept heap's scope too.
+    let other = run_keep(|s| s.raw_from::<u32>(&[9]));
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        kept.read(|s, _| other.read(|_, g| s.raw_len::<u32>(g)))
+    }));
+    assert!(refused.is_err());
+}

@@ -10,10 +10,11 @@
 //! time into a buffer on the Rust stack (through read-only views), then
 //! copies the buffer into the output array (through a writable view).
 
+use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::Mutex;
 
-use canopy_hh::{Gc, Kind, Scope, Stats, Unboxed, Val};
+use canopy_hh::{Gc, Kept, Kind, Scope, Stats, Unboxed, Val};
 
 /// Counters of the last finished [`run`] in this process.
 static LAST: Mutex<Option<Stats>> = Mutex::new(None);
@@ -23,6 +24,92 @@ pub fn run<R>(f: impl for<'s> FnOnce(&mut Scope<'s>) -> R) -> R {
     let (r, st) = canopy_hh::run_with_stats(f);
     *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some(st);
     r
+}
+
+/// `canopy_hh::run_keep`, keeping the counters for [`take_stats`]: the
+/// result stays in the managed heap where the tasks built it.
+pub fn run_keep(f: impl for<'s> FnOnce(&mut Scope<'s>) -> Gc<'s>) -> Kept {
+    let k = canopy_hh::run_keep(f);
+    *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some(k.stats());
+    k
+}
+
+/// A sequence a program returns: a `Vec` (the sequential and rayon
+/// variants), or a rope of raw arrays left in the managed heap where the
+/// canopy-hh variant built it (as an MPL program leaves its result sequence
+/// in its heap), read in place by the untimed answer check.
+pub enum Seq<T> {
+    /// Elements in a vector.
+    Vec(Vec<T>),
+    /// A rope (see [`rope_len`]) kept after its run.
+    Rope(Kept, PhantomData<T>),
+}
+
+impl<T: Unboxed> Seq<T> {
+    /// A kept rope.
+    pub fn rope(k: Kept) -> Seq<T> {
+        Seq::Rope(k, PhantomData)
+    }
+
+    /// Visit the elements in order, a slice at a time.
+    pub fn for_each_slice(&self, mut f: impl FnMut(&[T])) {
+        match self {
+            Seq::Vec(v) => f(v),
+            Seq::Rope(k, _) => k.read(|s, g| rope_for_each::<T>(s, g, &mut f)),
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Seq::Vec(v) => v.len(),
+            Seq::Rope(k, _) => k.read(|s, g| rope_len::<T>(s, g)),
+        }
+    }
+
+    /// Is it empty?
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first and last elements.
+    pub fn ends(&self) -> Option<(T, T)> {
+        let mut ends = None;
+        self.for_each_slice(|xs| {
+            if let (Some(&a), Some(&b)) = (xs.first(), xs.last()) {
+                ends = Some((ends.map_or(a, |(f, _)| f), b));
+            }
+        });
+        ends
+    }
+
+    /// The elements in a vector (tests).
+    pub fn to_vec(&self) -> Vec<T> {
+        let mut v = Vec::with_capacity(self.len());
+        self.for_each_slice(|xs| v.extend_from_slice(xs));
+        v
+    }
+}
+
+impl<T: Unboxed + PartialEq> PartialEq for Seq<T> {
+    fn eq(&self, other: &Seq<T>) -> bool {
+        self.to_vec() == other.to_vec()
+    }
+}
+
+impl<T: Unboxed + PartialEq> PartialEq<Vec<T>> for Seq<T> {
+    fn eq(&self, other: &Vec<T>) -> bool {
+        self.to_vec() == *other
+    }
+}
+
+impl<T> std::fmt::Debug for Seq<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Seq::Vec(v) => write!(f, "Seq::Vec(len {})", v.len()),
+            Seq::Rope(k, _) => write!(f, "Seq::Rope({k:?})"),
+        }
+    }
 }
 
 /// The counters of the last [`run`] (and forget them).
@@ -145,39 +232,6 @@ pub fn rope_to_vec<T: Unboxed>(s: &mut Scope<'_>, g: Gc<'_>) -> Vec<T> {
     out
 }
 
-/// Elements below which [`rope_copy_par`] copies without forking.
-const COPY_GRAIN: usize = 1 << 16;
-
-/// Copy a rope's elements into `out` (exactly its length), forking with
-/// `Scope::par` along the rope's joins down to [`COPY_GRAIN`] elements.
-pub fn rope_copy_par<T: Unboxed>(s: &mut Scope<'_>, g: Gc<'_>, out: &mut [T]) {
-    if out.len() <= COPY_GRAIN || s.kind(g) != Kind::Tuple {
-        let mut at = 0;
-        s.scope(|s| {
-            rope_for_each::<T>(s, g, &mut |xs| {
-                out[at..at + xs.len()].copy_from_slice(xs);
-                at += xs.len();
-            })
-        });
-        debug_assert_eq!(at, out.len());
-        return;
-    }
-    let (Val::Obj(l), Val::Obj(r)) = (s.get(g, 1), s.get(g, 2)) else {
-        unreachable!("rope nodes hold two ropes")
-    };
-    let (a, b) = out.split_at_mut(rope_len::<T>(s, l));
-    s.par(|s| rope_copy_par::<T>(s, l, a), |s| rope_copy_par::<T>(s, r, b));
-}
-
-/// A rope's elements in a `Vec`, copied in parallel ([`rope_copy_par`]) into
-/// a zeroed vector (`vec![0; n]` comes from `calloc`: fresh zero pages, so
-/// the copy is the one pass that touches it).
-pub fn rope_to_vec_par<T: Unboxed + Default>(s: &mut Scope<'_>, g: Gc<'_>) -> Vec<T> {
-    let mut out = vec![T::default(); rope_len::<T>(s, g)];
-    rope_copy_par::<T>(s, g, &mut out);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,12 +259,33 @@ mod tests {
                 k
             });
             assert!(s.raw_slice::<u32>(out).iter().copied().eq(0..3000));
-            let seq = rope_to_vec::<u32>(s, r);
-            assert_eq!(rope_to_vec_par::<u32>(s, r), seq);
-            seq
+            rope_to_vec::<u32>(s, r)
         });
         let want: Vec<u32> = (0..37u32).flat_map(|i| (0..i % 5).map(move |k| i * 10 + k)).collect();
         assert_eq!(v, want);
         assert!(st.forks > 0);
+    }
+
+    #[test]
+    fn a_kept_rope_reads_like_its_vector() {
+        fn leaves<'s>(s: &mut Scope<'s>, i: usize) -> Gc<'s> {
+            let (a, ()) = s.raw_build::<u32, ()>(i % 4, |_, o| {
+                for k in 0..i % 4 {
+                    o.push((i * 10 + k) as u32);
+                }
+            });
+            s.freeze(a);
+            a
+        }
+        let kept: Seq<u32> = Seq::rope(run_keep(|s| par_rope::<u32, _>(s, 0..41, &leaves)));
+        let want: Vec<u32> = (0..41u32).flat_map(|i| (0..i % 4).map(move |k| i * 10 + k)).collect();
+        assert_eq!(kept.len(), want.len());
+        assert_eq!(kept.ends(), Some((want[0], *want.last().unwrap())));
+        assert_eq!(kept, Seq::Vec(want.clone()));
+        assert_eq!(kept, want);
+        assert!(take_stats().is_some_and(|st| st.forks > 0));
+        let empty: Seq<u32> = Seq::rope(run_keep(|s| par_rope::<u32, _>(s, 0..0, &leaves)));
+        assert!(empty.is_empty());
+        assert_eq!(empty.ends(), None);
     }
 }

@@ -14,7 +14,7 @@ use canopy_hh::{Gc, Scope};
 use rayon::prelude::*;
 
 use super::input::{self, Csr};
-use super::managed;
+use super::managed::{self, Seq};
 use super::{Answer, Params, Program, Variant};
 use crate::report::Size;
 
@@ -214,20 +214,17 @@ fn primes_sieve_hh<'a>(s: &mut Scope<'a>, seg: usize, m: usize, sieving: Gc<'_>)
 
 /// Every prime up to n (n >= 2): one task per segment, each returning its
 /// primes as a managed array; the arrays are joined into a rope at the joins
-/// (no copying) and copied once into the output `Vec`.
-fn primes_hh(n: usize, m: usize, segments: usize) -> Vec<u32> {
-    managed::run(|s| {
+/// (no copying), which stays in the managed heap as the result.
+fn primes_hh(n: usize, m: usize, segments: usize) -> Seq<u32> {
+    Seq::rope(managed::run_keep(|s| {
         let sieving = small_primes_hh(s, (n as f64).sqrt() as usize + 1);
-        let rope = managed::par_rope::<u32, _>(s, 0..segments, &|s, seg| {
-            primes_segment_hh(s, seg, m, sieving)
-        });
-        managed::rope_to_vec_par::<u32>(s, rope)
-    })
+        managed::par_rope::<u32, _>(s, 0..segments, &|s, seg| primes_segment_hh(s, seg, m, sieving))
+    }))
 }
 
 impl Program for Primes {
     type Input = usize;
-    type Output<'a> = Vec<u32>;
+    type Output<'a> = Seq<u32>;
     fn name(&self) -> &'static str {
         "primes"
     }
@@ -244,9 +241,9 @@ impl Program for Primes {
         assert!(p.n <= u32::MAX as u64, "primes: n must fit in u32");
         p.n as usize
     }
-    fn run(&self, v: Variant, &n: &usize) -> Vec<u32> {
+    fn run(&self, v: Variant, &n: &usize) -> Seq<u32> {
         if n < 2 {
-            return Vec::new();
+            return Seq::Vec(Vec::new());
         }
         let m = (n - 1) / 2;
         let segments = (m + 1).div_ceil(PRIME_SEGMENT);
@@ -262,28 +259,28 @@ impl Program for Primes {
                 for s in 0..segments {
                     sieve_segment(s, m, &sieving, &mut scratch, &mut out);
                 }
-                out
+                Seq::Vec(out)
             }
-            Variant::Rayon => (0..segments)
-                .into_par_iter()
-                .flat_map_iter(|s| {
-                    let mut scratch = vec![false; PRIME_SEGMENT];
-                    let mut out = Vec::new();
-                    sieve_segment(s, m, &sieving, &mut scratch, &mut out);
-                    out
-                })
-                .collect(),
+            Variant::Rayon => Seq::Vec(
+                (0..segments)
+                    .into_par_iter()
+                    .flat_map_iter(|s| {
+                        let mut scratch = vec![false; PRIME_SEGMENT];
+                        let mut out = Vec::new();
+                        sieve_segment(s, m, &sieving, &mut scratch, &mut out);
+                        out
+                    })
+                    .collect(),
+            ),
             Variant::Hh => unreachable!("handled above"),
         }
     }
-    fn answer(&self, out: &Vec<u32>, _input: &usize) -> Answer {
+    fn answer(&self, out: &Seq<u32>, _input: &usize) -> Answer {
+        let mut h = Hasher::default();
+        out.for_each_slice(|xs| xs.iter().for_each(|&p| h.add(u64::from(p))));
         Answer {
-            checksum: hash_all(out.iter().map(|&p| u64::from(p))),
-            summary: format!(
-                "count:{},last:{}",
-                out.len(),
-                out.last().copied().unwrap_or(0)
-            ),
+            checksum: h.finish(),
+            summary: format!("count:{},last:{}", out.len(), out.ends().map_or(0, |e| e.1)),
         }
     }
 }
@@ -451,7 +448,7 @@ fn msort_hh<'a>(s: &mut Scope<'a>, xs: &[i64]) -> Gc<'a> {
 
 impl Program for Msort {
     type Input = Vec<i64>;
-    type Output<'a> = Vec<i64>;
+    type Output<'a> = Seq<i64>;
     fn name(&self) -> &'static str {
         "msort-int64"
     }
@@ -467,33 +464,28 @@ impl Program for Msort {
     fn generate(&self, p: &Params, seed: u64) -> Vec<i64> {
         input::hashed_i64(p.n as usize, seed)
     }
-    fn run(&self, v: Variant, xs: &Vec<i64>) -> Vec<i64> {
+    fn run(&self, v: Variant, xs: &Vec<i64>) -> Seq<i64> {
         match v {
             Variant::Seq => {
                 let mut out = xs.to_vec();
                 out.sort();
-                out
+                Seq::Vec(out)
             }
             Variant::Rayon => {
                 let mut out: Vec<i64> = xs.par_iter().copied().collect();
                 out.par_sort();
-                out
+                Seq::Vec(out)
             }
-            Variant::Hh => managed::run(|s| {
-                let sorted = msort_hh(s, xs);
-                managed::rope_to_vec_par::<i64>(s, sorted)
-            }),
+            Variant::Hh => Seq::rope(managed::run_keep(|s| msort_hh(s, xs))),
         }
     }
-    fn answer(&self, out: &Vec<i64>, _input: &Vec<i64>) -> Answer {
+    fn answer(&self, out: &Seq<i64>, _input: &Vec<i64>) -> Answer {
+        let mut h = Hasher::default();
+        out.for_each_slice(|xs| xs.iter().for_each(|&x| h.add(x as u64)));
+        let (min, max) = out.ends().unwrap_or((0, 0));
         Answer {
-            checksum: hash_all(out.iter().map(|&x| x as u64)),
-            summary: format!(
-                "len:{},min:{},max:{}",
-                out.len(),
-                out.first().copied().unwrap_or(0),
-                out.last().copied().unwrap_or(0)
-            ),
+            checksum: h.finish(),
+            summary: format!("len:{},min:{min},max:{max}", out.len()),
         }
     }
 }
@@ -1119,7 +1111,7 @@ mod tests {
         let p = Params::n(100);
         let primes = Primes.run(Variant::Seq, &Primes.generate(&p, 0));
         assert_eq!(primes.len(), 25);
-        assert_eq!(primes.last(), Some(&97));
+        assert_eq!(primes.ends().map(|e| e.1), Some(97));
         for n in [0usize, 1, 2, 3, 9, 10, 131_072 * 2 + 5, 1_000_000] {
             let s = Primes.run(Variant::Seq, &n);
             let naive: Vec<u32> = (2..=n as u32)
