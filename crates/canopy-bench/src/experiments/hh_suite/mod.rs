@@ -1270,23 +1270,15 @@ mod tests {
                 "x".repeat(200_000),
                 input::text(400_000, 6),
             ] {
-                let seq: Vec<(usize, usize)> = programs::Tokens
-                    .run(Variant::Seq, &text)
-                    .iter()
-                    .map(|t| (t.as_ptr() as usize, t.len()))
-                    .collect();
-                let hh: Vec<(usize, usize)> = programs::Tokens
-                    .run(Variant::Hh, &text)
-                    .iter()
-                    .map(|t| (t.as_ptr() as usize, t.len()))
-                    .collect();
+                let seq = programs::Tokens.run(Variant::Seq, &text).spans(&text);
+                let hh = programs::Tokens.run(Variant::Hh, &text).spans(&text);
                 assert_eq!(hh, seq, "tokens of {} bytes", text.len());
                 assert_eq!(programs::Wc.run(Variant::Hh, &text), programs::Wc.run(Variant::Seq, &text));
             }
             for (n, d) in [(1usize, 1usize), (1025, 3), (5000, 7)] {
                 let m = input::sparse(n, d, 8);
                 let (hh, seq) = (programs::SparseMxv.run(Variant::Hh, &m), programs::SparseMxv.run(Variant::Seq, &m));
-                assert!(hh.iter().map(|v| v.to_bits()).eq(seq.iter().map(|v| v.to_bits())));
+                assert!(hh.to_vec().iter().map(|v| v.to_bits()).eq(seq.to_vec().iter().map(|v| v.to_bits())));
             }
             for (n, c) in [(0u64, 5u64), (1, 0), (20, 3), (25, 10)] {
                 assert_eq!(programs::Fib.run(Variant::Hh, &(n, c)), programs::fib_seq(n));

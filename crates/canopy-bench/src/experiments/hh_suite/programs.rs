@@ -539,30 +539,62 @@ fn tokens_block_hh<'a>(s: &mut Scope<'a>, bytes: &[u8], b: usize) -> Gc<'a> {
     out
 }
 
-/// The tokens: one task per block, blocks' arrays joined into a rope, and
-/// the rope turned into `&str`s of the text in one pass.
-fn tokens_hh(text: &str) -> Vec<&str> {
+/// The tokens: one task per block, blocks' arrays joined into a rope, which
+/// stays in the managed heap as the result (each token a packed
+/// `offset << 32 | length` into the text: the unboxed form of a `&str` of it).
+fn tokens_hh(text: &str) -> TokenList<'_> {
     let bytes = text.as_bytes();
     assert!(bytes.len() < 1 << 32, "tokens: the canopy-hh version packs offsets in 32 bits");
-    managed::run(|s| {
+    TokenList::Packed(Seq::rope(managed::run_keep(|s| {
         let blocks = bytes.len().div_ceil(TOKENS_BLOCK);
-        let rope = managed::par_rope::<u64, _>(s, 0..blocks, &|s, b| tokens_block_hh(s, bytes, b));
-        let mut out = Vec::with_capacity(managed::rope_len::<u64>(s, rope));
-        s.scope(|s| {
-            managed::rope_for_each::<u64>(s, rope, &mut |toks| {
-                out.extend(toks.iter().map(|&t| {
-                    let (at, len) = ((t >> 32) as usize, (t & 0xffff_ffff) as usize);
-                    &text[at..at + len]
-                }))
-            })
-        });
-        out
-    })
+        managed::par_rope::<u64, _>(s, 0..blocks, &|s, b| tokens_block_hh(s, bytes, b))
+    })))
+}
+
+/// What tokens returns: `&str`s of the text (the sequential and rayon
+/// variants), or packed `offset << 32 | length` pairs in a managed rope (the
+/// canopy-hh variant).
+#[derive(Debug)]
+pub enum TokenList<'a> {
+    /// Slices of the text.
+    Strs(Vec<&'a str>),
+    /// Packed (offset, length) pairs.
+    Packed(Seq<u64>),
+}
+
+impl TokenList<'_> {
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        match self {
+            TokenList::Strs(v) => v.len(),
+            TokenList::Packed(p) => p.len(),
+        }
+    }
+
+    /// No tokens?
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// (offset, length) of every token, in order.
+    pub fn spans(&self, text: &str) -> Vec<(usize, usize)> {
+        match self {
+            TokenList::Strs(v) => {
+                let base = text.as_ptr() as usize;
+                v.iter().map(|t| (t.as_ptr() as usize - base, t.len())).collect()
+            }
+            TokenList::Packed(p) => p.to_vec().into_iter().map(unpack_token).collect(),
+        }
+    }
+}
+
+fn unpack_token(t: u64) -> (usize, usize) {
+    ((t >> 32) as usize, (t & 0xffff_ffff) as usize)
 }
 
 impl Program for Tokens {
     type Input = String;
-    type Output<'a> = Vec<&'a str>;
+    type Output<'a> = TokenList<'a>;
     fn name(&self) -> &'static str {
         "tokens"
     }
@@ -578,16 +610,29 @@ impl Program for Tokens {
     fn generate(&self, p: &Params, seed: u64) -> String {
         input::text(p.n as usize, seed)
     }
-    fn run<'a>(&self, v: Variant, text: &'a String) -> Vec<&'a str> {
+    fn run<'a>(&self, v: Variant, text: &'a String) -> TokenList<'a> {
         match v {
-            Variant::Seq => text.split_ascii_whitespace().collect(),
-            Variant::Rayon => text.par_split_ascii_whitespace().collect(),
+            Variant::Seq => TokenList::Strs(text.split_ascii_whitespace().collect()),
+            Variant::Rayon => TokenList::Strs(text.par_split_ascii_whitespace().collect()),
             Variant::Hh => tokens_hh(text),
         }
     }
-    fn answer(&self, out: &Vec<&str>, text: &String) -> Answer {
+    fn answer(&self, out: &TokenList<'_>, text: &String) -> Answer {
+        let checksum = match out {
+            TokenList::Strs(toks) => offsets_hash(text, toks),
+            TokenList::Packed(p) => {
+                let mut h = Hasher::default();
+                p.for_each_slice(|ts| {
+                    for &t in ts {
+                        let (at, len) = unpack_token(t);
+                        h.add(((at as u64) << 8) ^ len as u64);
+                    }
+                });
+                h.finish()
+            }
+        };
         Answer {
-            checksum: offsets_hash(text, out),
+            checksum,
             summary: format!("tokens:{}", out.len()),
         }
     }
@@ -815,7 +860,7 @@ const MXV_ROWS: usize = 1 << 10;
 
 impl Program for SparseMxv {
     type Input = (Csr, Vec<f64>);
-    type Output<'a> = Vec<f64>;
+    type Output<'a> = Seq<f64>;
     fn name(&self) -> &'static str {
         "sparse-mxv"
     }
@@ -833,30 +878,34 @@ impl Program for SparseMxv {
     fn generate(&self, p: &Params, seed: u64) -> (Csr, Vec<f64>) {
         input::sparse(p.n as usize, p.grain as usize, seed)
     }
-    fn run(&self, v: Variant, (m, x): &(Csr, Vec<f64>)) -> Vec<f64> {
+    fn run(&self, v: Variant, (m, x): &(Csr, Vec<f64>)) -> Seq<f64> {
         match v {
-            Variant::Seq => (0..m.rows).map(|r| row_dot(m, x, r)).collect(),
-            Variant::Rayon => (0..m.rows)
-                .into_par_iter()
-                .map(|r| row_dot(m, x, r))
-                .collect(),
-            // y is one managed raw array of the root task; the tasks fill
-            // disjoint blocks of rows with raw_set.
-            Variant::Hh => managed::run(|s| {
+            Variant::Seq => Seq::Vec((0..m.rows).map(|r| row_dot(m, x, r)).collect()),
+            Variant::Rayon => Seq::Vec((0..m.rows).into_par_iter().map(|r| row_dot(m, x, r)).collect()),
+            // y is one managed raw array of the root task, the result; the
+            // tasks fill disjoint blocks of rows with raw_set.
+            Variant::Hh => Seq::rope(managed::run_keep(|s| {
                 let y = s.raw::<f64>(m.rows);
                 s.par_for(0..m.rows.div_ceil(MXV_ROWS), 1, |s, b| {
                     for r in b * MXV_ROWS..((b + 1) * MXV_ROWS).min(m.rows) {
                         s.raw_set(y, r, row_dot(m, x, r));
                     }
                 });
-                s.raw_slice::<f64>(y).to_vec()
-            }),
+                y
+            })),
         }
     }
-    fn answer(&self, y: &Vec<f64>, _input: &(Csr, Vec<f64>)) -> Answer {
+    fn answer(&self, y: &Seq<f64>, _input: &(Csr, Vec<f64>)) -> Answer {
+        let (mut h, mut sum) = (Hasher::default(), 0.0);
+        y.for_each_slice(|ys| {
+            for &v in ys {
+                h.add(v.to_bits());
+                sum += v;
+            }
+        });
         Answer {
-            checksum: hash_all(y.iter().map(|v| v.to_bits())),
-            summary: format!("rows:{},sum:{:.6}", y.len(), y.iter().sum::<f64>()),
+            checksum: h.finish(),
+            summary: format!("rows:{},sum:{sum:.6}", y.len()),
         }
     }
 }
