@@ -316,6 +316,17 @@ fn visit_chunk(
     if range.is_empty() {
         return;
     }
+    if r == 1 {
+        // Rank 1 (vectors, the common case): the index is the offset's
+        // source, no carry logic; a plain counted loop the compiler can
+        // unroll.
+        let (base, s0) = (lo[0], st[0]);
+        for k in range {
+            let i = base + k;
+            f(&[i], i * s0);
+        }
+        return;
+    }
     let mut iv = Idx::zeros(r);
     let mut k = range.start;
     for d in (0..r).rev() {
@@ -361,6 +372,11 @@ fn par_box(
 ) -> bool {
     let vol: usize = lo.iter().zip(hi).map(|(l, h)| h - l).product();
     if vol == 0 {
+        return false;
+    }
+    if shape.len() == 1 && vol < grain.saturating_mul(2) {
+        // A short vector: on this thread, no strides to compute.
+        visit_chunk(lo, hi, &[1], 0..vol, &mut |iv, o| f(iv, o));
         return false;
     }
     let st = strides(shape);
