@@ -18,7 +18,7 @@
 
 use crate::chunk::{self, Chunk};
 use crate::heap::{self, HeapRecord, RemEntry};
-use crate::object::{self, Word, FORWARDED};
+use crate::object::{self, Word, FORWARDED, FRONTIER};
 use crate::task::Task;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,6 +61,8 @@ struct Collector {
     n: u64,
     levels: Vec<Level>,
     copied: usize,
+    /// Objects taken off the frontier (no pointer down the tree left).
+    expired: u64,
 }
 
 /// Where a collection may reach.
@@ -128,11 +130,20 @@ impl Collector {
 
     /// Scan a to-space object of level `li`: evacuate what its fields point
     /// to, and remember its pointers down into younger collected levels.
+    ///
+    /// Frontier expiry: an object on the frontier whose fields no longer
+    /// point down the tree leaves it. The younger heaps alive below a
+    /// collected level are exactly the collected levels below it (the
+    /// collecting task runs, so it has no live children, and an ancestor is
+    /// collected only while its fork's other child has not started), so "no
+    /// field points into a level `j < li`" means no down-pointer at all, and
+    /// no concurrent task reads the object while it is collected.
     fn scan_object(&mut self, obj: u64, li: usize) -> usize {
         let h = header_at(obj).load(Ordering::Relaxed);
         let kind = object::header_kind(h);
         let len = object::header_len(h);
         if kind.holds_values() {
+            let mut down = false;
             for i in 0..len {
                 let f = field_at(obj, i);
                 let v = f.load(Ordering::Relaxed);
@@ -144,8 +155,13 @@ impl Collector {
                         // the field as a root, at the object's new address.
                         // SAFETY: level tasks are live.
                         unsafe { (*self.levels[j].task).remset.push(RemEntry { obj, index: i as u32 }) };
+                        down = true;
                     }
                 }
+            }
+            if h & FRONTIER != 0 && !down {
+                header_at(obj).fetch_and(!FRONTIER, Ordering::Relaxed);
+                self.expired += 1;
             }
         }
         1 + object::payload_words(kind, len)
@@ -286,7 +302,7 @@ pub(crate) fn collect(task: &mut Task, reach: Reach) {
 
     let n = levels.len() as u64;
     let base = GC_ID.fetch_add(2 * n, Ordering::Relaxed);
-    let mut cx = Collector { base, n, levels: Vec::with_capacity(levels.len()), copied: 0 };
+    let mut cx = Collector { base, n, levels: Vec::with_capacity(levels.len()), copied: 0, expired: 0 };
     for (j, &t) in levels.iter().enumerate() {
         // SAFETY: t is this task or a suspended ancestor no other task can
         // reach during this collection.
@@ -368,6 +384,7 @@ pub(crate) fn collect(task: &mut Task, reach: Reach) {
         }
     }
     let copied = cx.copied;
+    let expired = cx.expired;
     let (mut from_total, mut kept_total, mut large_kept) = (0usize, 0usize, 0u64);
     for j in 0..cx.levels.len() {
         let lv = &cx.levels[j];
@@ -422,6 +439,7 @@ pub(crate) fn collect(task: &mut Task, reach: Reach) {
     st.ancestor_levels += n - 1;
     st.bytes_copied += copied as u64;
     st.large_kept += large_kept;
+    st.frontier_expired += expired;
     st.bytes_reclaimed += from_total.saturating_sub(kept_total) as u64;
     st.gc_nanos += t0.elapsed().as_nanos() as u64;
     if crate::config::config().verify {

@@ -31,6 +31,9 @@ pub struct Stats {
     pub remset_entries: u64,
     /// Mutable reads that took the entanglement check (frontier objects).
     pub frontier_checks: u64,
+    /// Objects the collector took off the frontier (their pointers down the
+    /// tree had become pointers within one heap after joins).
+    pub frontier_expired: u64,
     /// Largest heap (bytes of chunks) any task reached.
     pub peak_heap_bytes: u64,
 }
@@ -49,6 +52,7 @@ impl Stats {
         self.gc_nanos += o.gc_nanos;
         self.remset_entries += o.remset_entries;
         self.frontier_checks += o.frontier_checks;
+        self.frontier_expired += o.frontier_expired;
         self.peak_heap_bytes = self.peak_heap_bytes.max(o.peak_heap_bytes);
     }
 }
@@ -66,6 +70,7 @@ static GLOBAL: Mutex<Stats> = Mutex::new(Stats {
     gc_nanos: 0,
     remset_entries: 0,
     frontier_checks: 0,
+    frontier_expired: 0,
     peak_heap_bytes: 0,
 });
 

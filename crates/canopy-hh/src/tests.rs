@@ -878,3 +878,61 @@ fn a_kept_raw_array_is_read_as_a_slice() {
     }));
     assert!(refused.is_err());
 }
+
+#[test]
+fn a_collection_takes_objects_whose_pointers_became_internal_off_the_frontier() {
+    setup();
+    run(|s| {
+        let shared = s.new_ref(Val::Int(0));
+        s.par(
+            |s| {
+                let mine = s.tuple(&[Val::Int(42)]);
+                s.set(shared, 0, Val::Obj(mine));
+            },
+            |_| (),
+        );
+        // After the join the pointer is within the root's heap, but its
+        // holder is still on the frontier: reads take the check.
+        let before = s.stats().frontier_checks;
+        let t = s.get(shared, 0).as_obj().unwrap();
+        assert_eq!(s.get_int(t, 0), 42);
+        assert_eq!(s.stats().frontier_checks, before + 1);
+        s.collect();
+        let expired = s.stats().frontier_expired;
+        assert!(expired >= 1);
+        let before = s.stats().frontier_checks;
+        let t = s.get(shared, 0).as_obj().unwrap();
+        assert_eq!(s.get_int(t, 0), 42);
+        assert_eq!(s.stats().frontier_checks, before, "no check once the holder left the frontier");
+        // A large object (kept in place by the collector) as the target.
+        let arr = s.array(3, Val::Int(0));
+        s.par(
+            |s| {
+                let big = s.raw::<u64>(20_000);
+                s.set(arr, 1, Val::Obj(big));
+            },
+            |_| (),
+        );
+        s.collect();
+        assert!(s.stats().frontier_expired > expired);
+        let before = s.stats().frontier_checks;
+        let big = s.get(arr, 1).as_obj().unwrap();
+        assert_eq!(s.raw_len::<u64>(big), 20_000);
+        assert_eq!(s.stats().frontier_checks, before);
+        // A pointer that still points down keeps its holder on the frontier
+        // across a child's collection (its own heap, and the root's when the
+        // other child has not started yet).
+        s.par(
+            |s| {
+                let young = s.tuple(&[Val::Int(7)]);
+                s.set(shared, 0, Val::Obj(young));
+                s.collect_with_ancestors();
+                let c0 = s.stats().frontier_checks;
+                let y = s.get(shared, 0).as_obj().unwrap();
+                assert_eq!(s.get_int(y, 0), 7);
+                assert_eq!(s.stats().frontier_checks, c0 + 1, "the holder still points down into this heap");
+            },
+            |_| (),
+        );
+    });
+}
