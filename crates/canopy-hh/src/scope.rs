@@ -390,6 +390,10 @@ fn run_root<R>(f: impl for<'s> FnOnce(&mut Scope<'s>) -> R) -> (R, Box<Task>) {
 /// As [`run`].
 pub fn run_keep(f: impl for<'s> FnOnce(&mut Scope<'s>) -> Gc<'s>) -> Kept {
     let (w, mut task) = run_root(|s| f(s).word());
+    // The run's own handles died with its closure (their brand cannot leave
+    // it): the result is the one root left, so a later collection keeps only
+    // what it reaches.
+    task.roots.reset(0);
     let slot = task.roots.push(w);
     Kept { task: Box::into_raw(task), slot }
 }
@@ -436,7 +440,21 @@ impl Kept {
         r
     }
 
-    /// Counters of the task tree's run.
+    /// Collect the kept heap: keep what the result reaches and give the
+    /// rest (the run's garbage that no collection reclaimed yet) back.
+    /// Objects may move; large objects stay where they are.
+    pub fn collect(&mut self) {
+        // SAFETY: the task is ours (see read); `&mut self` excludes reads.
+        crate::gc::collect(unsafe { &mut *self.task }, crate::gc::Reach::Own);
+    }
+
+    /// Run the heap verifier on the kept heap.
+    pub fn verify(&mut self) -> Result<(), String> {
+        // SAFETY: as in collect.
+        crate::gc::verify(unsafe { &mut *self.task })
+    }
+
+    /// Counters of the task tree's run (and of collections of the kept heap).
     pub fn stats(&self) -> Stats {
         // SAFETY: see read.
         unsafe { (*self.task).stats }
