@@ -1144,7 +1144,7 @@ impl RegionAllocator {
         } else {
             let a = self.slabs[sid as usize].addr;
             self.slabs[sid as usize] = Slab::free_at(a);
-            self.free.insert(a, 1);
+            self.free.insert_lazy(a);
         }
     }
 
