@@ -1031,16 +1031,22 @@ impl RegionAllocator {
         // for a page recorded in the page map; the slab table has
         // `pages.len() * spp` entries.
         let s = unsafe { &*self.slabs.as_ptr().add(sid as usize) };
-        let st = s.state;
-        if st == state::PARTIAL || st == state::FULL {
-            // SAFETY: a slab of slots has a class in 1..classes.
-            let ci = unsafe { *self.cls.get_unchecked(s.class as usize) };
+        // A slab of slots has a class in 1..classes; every other slab has
+        // class 0, whose `magic` is 0, so the test below sends it to
+        // `free_slow` without a look at its state.
+        // SAFETY: classes are < cls.len() (the slot sizes of a slab).
+        let ci = unsafe { *self.cls.get_unchecked(s.class as usize) };
+        {
             // The slot index and whether `a` starts it, without a division:
             // off < slab size <= 1 MiB, so `ClassInfo::magic` is exact.
             let off = (a - s.addr) as u64;
             let m = off as u128 * ci.magic as u128;
             let idx = (m >> 64) as usize;
-            debug_assert_eq!((idx, m as u64 >= ci.magic), (off as usize / (s.class as usize * self.cfg.granule), off as usize % (s.class as usize * self.cfg.granule) != 0));
+            debug_assert!(
+                s.class == 0
+                    || (idx, m as u64 >= ci.magic)
+                        == (off as usize / self.slot_size(s.class), off as usize % self.slot_size(s.class) != 0)
+            );
             if (m as u64) < ci.magic && idx < ci.slots as usize {
                 let i = self.word_index(sid, idx / 64);
                 // SAFETY: idx < slots <= 64 * wps, so the word is the slab's own.
@@ -1051,9 +1057,10 @@ impl RegionAllocator {
                     let now = x | bit;
                     *word = now;
                     self.stats.frees += 1;
-                    // A full slab turns partial; a word with every slot
-                    // free may mean an empty slab.
-                    if st == state::FULL || now == !0 || now == ci.last_full {
+                    // A word that had no free slot may be a full slab's
+                    // (it turns partial); a word with every slot free may
+                    // be an empty slab's.
+                    if x == 0 || now == !0 || now == ci.last_full {
                         self.slab_may_move(sid);
                     }
                     return Ok(());
@@ -1115,6 +1122,7 @@ impl RegionAllocator {
         let s = self.slabs[sid as usize];
         let (ri, class) = (s.region as usize, s.class as usize);
         let empty = self.free_count(sid) == self.slots[class];
+        debug_assert!(s.state == state::PARTIAL || s.state == state::FULL);
         if s.state == state::FULL {
             let r = &mut self.regions[ri];
             unlink(&mut self.slabs, &mut r.full, sid);
@@ -1465,14 +1473,16 @@ impl RegionAllocator {
                             }
                             if want == state::PARTIAL { np += 1 } else { nf += 1 }
                         }
+                        state::EMPTY if s.class != 0 => return Err(format!("empty slab {:#x} has class {}", s.addr, s.class)),
                         state::EMPTY => ne += 1,
+                        _ if s.class != 0 => return Err(format!("span slab {:#x} has class {}", s.addr, s.class)),
                         _ => {
                             objs += 1;
                             ns += s.span;
                             for i in 1..s.span as usize {
                                 let b = self.slab_of(s.addr + (i << self.slab_shift)).ok_or("span body unmapped")?;
                                 let bs = &self.slabs[b as usize];
-                                if bs.state != state::BODY || bs.span != x || seen[b as usize] || !covered.contains(&bs.addr) {
+                                if bs.state != state::BODY || bs.class != 0 || bs.span != x || seen[b as usize] || !covered.contains(&bs.addr) {
                                     return Err(format!("span body {:#x} of {:#x} is wrong", bs.addr, s.addr));
                                 }
                                 seen[b as usize] = true;
@@ -1527,7 +1537,7 @@ impl RegionAllocator {
         for (a, l) in self.free.iter() {
             for i in 0..l {
                 let b = self.slab_of(a + (i << self.slab_shift)).ok_or_else(|| format!("free slab {a:#x} unmapped"))?;
-                if self.slabs[b as usize].state != state::FREE || seen[b as usize] {
+                if self.slabs[b as usize].state != state::FREE || self.slabs[b as usize].class != 0 || seen[b as usize] {
                     return Err(format!("free range slab {:#x} is in use", a + (i << self.slab_shift)));
                 }
                 seen[b as usize] = true;
