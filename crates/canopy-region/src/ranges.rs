@@ -276,7 +276,7 @@ mod tests {
         assert_eq!(f.ranges(), 3);
         assert_eq!(f.largest(), 4);
         assert_eq!(f.iter().collect::<Vec<_>>(), vec![(0x10000, 4), (0x1f000, 2), (0x30000, 1)]);
-        for i in 0..PENDING_MAX as usize {
+        for i in 0..PENDING_MAX {
             f.insert_lazy(0x100_0000 + (i << 12));
         }
         f.check().unwrap();
