@@ -1,7 +1,9 @@
 //! Instructions per allocate+free pair, for `valgrind --tool=callgrind`:
 //! `alloc_cost region|balloc|malloc|none SIZE N` allocates N objects of SIZE bytes
 //! and frees them, in rounds of BATCH (4th argument, default 1000) (in a region, or with Canopy's malloc);
-//! `none` runs the same loop without allocating, to subtract.
+//! `none` runs the same loop without allocating, to subtract.  SIZE 0 means
+//! mixed sizes (16..256 B, as in `canopy bench region-speed`), from a fixed
+//! pseudo-random sequence.
 
 use std::hint::black_box;
 use std::ptr::NonNull;
@@ -22,6 +24,15 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mode = args.get(1).map_or("region", String::as_str).to_owned();
     let size: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(64);
+    const MIXED: [usize; 8] = [16, 32, 48, 64, 96, 128, 192, 256];
+    let mut seed = 2013u64;
+    let mut next_size = move || {
+        if size != 0 {
+            return size;
+        }
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        MIXED[(seed >> 61) as usize]
+    };
     let n: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
     let mut ra = RegionAllocator::new();
     let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
@@ -34,7 +45,7 @@ fn main() {
         match mode.as_str() {
             "region" => {
                 for _ in 0..batch {
-                    ptrs.push(region_alloc(&mut ra, black_box(size), r).unwrap());
+                    ptrs.push(region_alloc(&mut ra, black_box(next_size()), r).unwrap());
                 }
                 ta += t0.elapsed();
                 let t1 = std::time::Instant::now();
@@ -54,7 +65,7 @@ fn main() {
             }
             "malloc" => {
                 for _ in 0..batch {
-                    ptrs.push(NonNull::new(canopy_alloc::alloc(black_box(size))).unwrap());
+                    ptrs.push(NonNull::new(canopy_alloc::alloc(black_box(next_size()))).unwrap());
                 }
                 ta += t0.elapsed();
                 let t1 = std::time::Instant::now();
@@ -66,6 +77,7 @@ fn main() {
             }
             _ => {
                 for _ in 0..batch {
+                    black_box(next_size());
                     ptrs.push(black_box(dummy));
                 }
                 for p in ptrs.drain(..) {

@@ -90,11 +90,9 @@ pub(crate) struct Slab {
     pub(crate) region: u32,
     pub(crate) prev: u32,
     pub(crate) next: u32,
-    /// SPAN: slabs in the object; BODY: the head's index; PARTIAL and
-    /// FULL: the first bitmap word that may have a free slot.
+    /// SPAN: slabs in the object; BODY: the head's index; otherwise 0.
+    /// (A slab of slots counts its live objects from its bitmap.)
     pub(crate) span: u32,
-    /// Live objects.
-    pub(crate) live: u32,
     /// Slot size in granules (PARTIAL, FULL).
     pub(crate) class: u16,
     pub(crate) state: u8,
@@ -102,8 +100,48 @@ pub(crate) struct Slab {
 
 impl Slab {
     fn free_at(addr: usize) -> Slab {
-        Slab { addr, region: NIL, prev: NIL, next: NIL, span: 0, live: 0, class: 0, state: state::FREE }
+        Slab { addr, region: NIL, prev: NIL, next: NIL, span: 0, class: 0, state: state::FREE }
     }
+}
+
+/// The index in `RegionAllocator::bits` of a word that is always 0: the
+/// cursor of a slot size with no partial slab points at it, so the
+/// allocation fast path finds "no free slot" without a separate test.
+pub(crate) const NO_WORD: u32 = 0;
+
+/// A region's slabs of one slot size: the head of its partial list, and the
+/// allocation cursor into that head.
+///
+/// Invariant: `word == NO_WORD`, or `word` is a bitmap word of slab `head`
+/// with at least one free slot and `base` is the address of that word's
+/// slot 0.  Any change of the head resets the cursor (`reset_cursor`); the
+/// slow path sets it again.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SizeList {
+    /// Address of slot 0 of the cursor word.
+    pub(crate) base: usize,
+    /// Index in `bits` of the cursor word, or `NO_WORD`.
+    pub(crate) word: u32,
+    /// Head of the partial list, or `NIL`.
+    pub(crate) head: u32,
+}
+
+impl SizeList {
+    const EMPTY: SizeList = SizeList { base: 0, word: NO_WORD, head: NIL };
+}
+
+/// What the free fast path needs to know about a slot size, in one entry.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ClassInfo {
+    /// ceil(2^64 / slot size): for an offset `off` < 2^32 in a slab, the
+    /// high half of `off * magic` is `off / size`, and the low half is below
+    /// `magic` exactly when `size` divides `off` (Lemire, Kaser and Kurz,
+    /// "Faster remainder by direct computation", 2019).  0 for class 0.
+    pub(crate) magic: u64,
+    /// A slab's last bitmap word when all its slots are free.
+    pub(crate) last_full: u64,
+    /// Slots per slab.
+    pub(crate) slots: u32,
 }
 
 /// One region: its place in the tree and its slab pool.
@@ -118,8 +156,9 @@ pub(crate) struct Region {
     pub(crate) children: u32,
     pub(crate) level_hint: i32,
     pub(crate) depth: u32,
-    /// Head of the partial list of each slot size (index: granules).
-    pub(crate) partial: Box<[u32]>,
+    /// Partial list and allocation cursor of each slot size (index: granules;
+    /// entry 0 is never used, so its cursor stays `NO_WORD`).
+    pub(crate) sizes: Box<[SizeList]>,
     pub(crate) full: u32,
     pub(crate) empty: u32,
     pub(crate) spans: u32,
@@ -156,7 +195,7 @@ impl Region {
             children: 0,
             level_hint: 0,
             depth: 0,
-            partial: vec![NIL; classes].into_boxed_slice(),
+            sizes: vec![SizeList::EMPTY; classes].into_boxed_slice(),
             full: NIL,
             empty: NIL,
             spans: NIL,
@@ -243,14 +282,15 @@ pub struct RegionAllocator {
     granule_shift: u32,
     /// Slots per slab for each class (index: granules).
     pub(crate) slots: Box<[u32]>,
-    /// ceil(2^40 / slot size) for each class.
-    inv: Box<[u64]>,
+    /// What the free fast path needs per class (index: granules).
+    pub(crate) cls: Box<[ClassInfo]>,
     pub(crate) pages: Vec<usize>,
     free_pages: Vec<u32>,
     chunks: Vec<(usize, usize)>,
     pub(crate) map: PageMap,
     pub(crate) slabs: Vec<Slab>,
-    /// Free-slot bitmaps (1 = free), `wps` words per slab.
+    /// Free-slot bitmaps (1 = free): word `NO_WORD` (0), always 0, then
+    /// `wps` words per slab (`word_index`).
     pub(crate) bits: Vec<u64>,
     pub(crate) free: FreeRanges,
     pub(crate) regions: Vec<Region>,
@@ -310,7 +350,20 @@ impl RegionAllocator {
         let classes = cfg.slab_size / cfg.granule + 1;
         let slots: Box<[u32]> =
             (0..classes).map(|c| if c == 0 { 0 } else { (cfg.slab_size / (c * cfg.granule)) as u32 }).collect();
-        let inv: Box<[u64]> = (0..classes).map(|c| if c == 0 { 0 } else { (1u64 << 40) / (c * cfg.granule) as u64 + 1 }).collect();
+        let cls: Box<[ClassInfo]> = (0..classes)
+            .map(|c| {
+                if c == 0 {
+                    return ClassInfo::default();
+                }
+                let n = slots[c] as usize;
+                let tail = n - (n - 1) / 64 * 64;
+                ClassInfo {
+                    magic: u64::MAX / (c * cfg.granule) as u64 + 1,
+                    last_full: if tail == 64 { !0 } else { (1u64 << tail) - 1 },
+                    slots: n as u32,
+                }
+            })
+            .collect();
         let mut root = Region::new(classes);
         root.alive = true;
         root.key = RegionId::ROOT.get();
@@ -321,13 +374,13 @@ impl RegionAllocator {
             wps: (cfg.slab_size / cfg.granule).div_ceil(64),
             granule_shift: cfg.granule.trailing_zeros(),
             slots,
-            inv,
+            cls,
             pages: Vec::new(),
             free_pages: Vec::new(),
             chunks: Vec::new(),
             map: PageMap::new(cfg.page_size),
             slabs: Vec::new(),
-            bits: Vec::new(),
+            bits: vec![0; 1],
             free: FreeRanges::new(cfg.slab_size),
             regions: vec![root],
             free_slots: Vec::new(),
@@ -380,6 +433,23 @@ impl RegionAllocator {
         Some((page * self.spp + ((addr & self.page_mask) >> self.slab_shift)) as u32)
     }
 
+    /// Index in `bits` of word `w` of slab `sid`.
+    #[inline]
+    pub(crate) fn word_index(&self, sid: u32, w: usize) -> usize {
+        1 + sid as usize * self.wps + w
+    }
+
+    /// Free slots of slab `sid` (a slab of slots), from its bitmap.
+    pub(crate) fn free_count(&self, sid: u32) -> u32 {
+        let i = self.word_index(sid, 0);
+        self.bits[i..i + self.wps].iter().map(|w| w.count_ones()).sum()
+    }
+
+    /// Live objects in slab `sid` (a slab of slots).
+    pub(crate) fn live_count(&self, sid: u32) -> u32 {
+        self.slots[self.slabs[sid as usize].class as usize] - self.free_count(sid)
+    }
+
     #[inline]
     fn class_of(&self, size: usize) -> usize {
         (size.max(1) + self.cfg.granule - 1) >> self.granule_shift
@@ -419,7 +489,7 @@ impl RegionAllocator {
         let old_first = self.regions[p].first_child;
         {
             let r = &mut self.regions[slot];
-            debug_assert!(!r.alive && r.partial.iter().all(|&h| h == NIL));
+            debug_assert!(!r.alive && r.sizes.iter().all(|l| l.head == NIL && l.word == NO_WORD));
             r.alive = true;
             r.parent = p as u32;
             r.first_child = NIL;
@@ -504,7 +574,7 @@ impl RegionAllocator {
     fn release_region_memory(&mut self, s: usize) {
         let owned = {
             let r = &mut self.regions[s];
-            r.partial.iter_mut().for_each(|h| *h = NIL);
+            r.sizes.iter_mut().for_each(|l| *l = SizeList::EMPTY);
             r.full = NIL;
             r.empty = NIL;
             r.spans = NIL;
@@ -604,35 +674,30 @@ impl RegionAllocator {
     /// granule); larger ones span consecutive slabs (slab-aligned).
     #[inline]
     pub fn alloc(&mut self, size: usize, rid: RegionId) -> Result<NonNull<u8>, RegionError> {
-        // Fast path: a live region, a small size, a partial slab whose first
-        // bitmap word has a free slot and that does not fill up.  Everything
-        // else is `alloc_slow`, out of line, so this stays short.
+        // Fast path: a live region, a small size, and a cursor word with a
+        // free slot: take its lowest bit.  Everything else (no cursor, size
+        // 0 or above a slab, a bad id) is `alloc_slow`, out of line.
         let s = rid.slot();
         if let Some(r) = self.regions.get(s) {
             if r.key == rid.get() && size <= self.cfg.slab_size {
-                let class = self.class_of(size);
-                // SAFETY: class <= slab size / granule < partial.len().
-                let sid = unsafe { *r.partial.get_unchecked(class) };
-                if sid != NIL {
-                    // SAFETY: list members index the slab table; `bits` has
-                    // `wps` >= 1 words per slab.
-                    // The slab's `span` field holds, for a slab of slots, the
-                    // first bitmap word that may have a free slot (< wps).
-                    unsafe {
-                        let sl = &mut *self.slabs.as_mut_ptr().add(sid as usize);
-                        let w = sl.span as usize;
-                        debug_assert!(w < self.wps);
-                        let word = &mut *self.bits.as_mut_ptr().add(sid as usize * self.wps + w);
-                        let x = *word;
-                        if x != 0 && sl.live + 1 < *self.slots.get_unchecked(class) {
-                            *word = x & (x - 1);
-                            sl.live += 1;
-                            self.stats.allocs += 1;
-                            let idx = w * 64 + x.trailing_zeros() as usize;
-                            let addr = sl.addr + idx * (class << self.granule_shift);
-                            return Ok(NonNull::new_unchecked(addr as *mut u8));
-                        }
+                // Size 0 gives class 0, whose cursor is always NO_WORD.
+                let class = (size + self.cfg.granule - 1) >> self.granule_shift;
+                // SAFETY: class <= slab size / granule < sizes.len().
+                let l = unsafe { *r.sizes.get_unchecked(class) };
+                // SAFETY: a cursor is NO_WORD (index 0) or a word of a slab in
+                // the table (`SizeList` invariant); `bits` holds both.
+                let word = unsafe { &mut *self.bits.as_mut_ptr().add(l.word as usize) };
+                let x = *word;
+                if x != 0 {
+                    let rest = x & (x - 1);
+                    *word = rest;
+                    self.stats.allocs += 1;
+                    let addr = l.base + ((x.trailing_zeros() as usize * class) << self.granule_shift);
+                    if rest == 0 {
+                        self.cursor_exhausted(s, class);
                     }
+                    // SAFETY: slot addresses are inside pages from the source, never 0.
+                    return Ok(unsafe { NonNull::new_unchecked(addr as *mut u8) });
                 }
             }
         }
@@ -653,13 +718,12 @@ impl RegionAllocator {
         Ok(unsafe { NonNull::new_unchecked(a as *mut u8) })
     }
 
-    #[inline]
+    /// A slot of `class` for region `ri` when its cursor is `NO_WORD`: set
+    /// the cursor on the head of the partial list (taking a new slab if the
+    /// list is empty) and take a slot from it.
     fn alloc_small(&mut self, ri: usize, class: usize) -> Result<usize, RegionError> {
-        debug_assert!(ri < self.regions.len() && class < self.slots.len());
-        // SAFETY: `ri` comes from `slot_of`, which checked it against the
-        // region table; `class` <= slab size / granule < `partial.len()`
-        // because the caller checked size <= slab size.
-        let mut sid = unsafe { *self.regions.get_unchecked(ri).partial.get_unchecked(class) };
+        debug_assert!(class > 0 && class < self.slots.len());
+        let mut sid = self.regions[ri].sizes[class].head;
         if sid == NIL {
             sid = self.new_partial(ri, class)?;
         }
@@ -669,39 +733,82 @@ impl RegionAllocator {
                 && self.slabs[sid as usize].class as usize == class,
             "partial list of region slot {ri} class {class} holds a wrong slab"
         );
-        let wps = self.wps;
-        // SAFETY: slab lists hold indices of the slab table, which has `wps`
-        // bitmap words per slab in `bits`; a partial slab has a free slot, so
-        // the scan stops inside its words.
-        unsafe {
-            let words = self.bits.as_mut_ptr().add(sid as usize * wps);
-            let s = self.slabs.get_unchecked_mut(sid as usize);
-            let mut w = s.span as usize;
-            while *words.add(w) == 0 {
-                w += 1;
+        let found = self.set_cursor(ri, class, sid);
+        debug_assert!(found, "a partial slab has a free slot");
+        let l = self.regions[ri].sizes[class];
+        let x = self.bits[l.word as usize];
+        let rest = x & x.wrapping_sub(1);
+        self.bits[l.word as usize] = rest;
+        let addr = l.base + ((x.trailing_zeros() as usize * class) << self.granule_shift);
+        if rest == 0 {
+            self.cursor_exhausted(ri, class);
+        }
+        Ok(addr)
+    }
+
+    /// Point the cursor of (`ri`, `class`) at the first word of slab `sid`
+    /// (the head of the partial list) with a free slot.  False, with the
+    /// cursor `NO_WORD`, if the slab has none.
+    fn set_cursor(&mut self, ri: usize, class: usize, sid: u32) -> bool {
+        let first = self.word_index(sid, 0);
+        let w = self.bits[first..first + self.wps].iter().position(|&x| x != 0);
+        let addr = self.slabs[sid as usize].addr;
+        let size = class << self.granule_shift;
+        let l = &mut self.regions[ri].sizes[class];
+        match w {
+            Some(w) => {
+                l.word = (first + w) as u32;
+                l.base = addr + w * 64 * size;
+                true
             }
-            debug_assert!(w < wps);
-            s.span = w as u32;
-            let x = *words.add(w);
-            *words.add(w) = x & (x - 1);
-            let idx = w * 64 + x.trailing_zeros() as usize;
-            s.live += 1;
-            let addr = s.addr + idx * (class << self.granule_shift);
-            if s.live == *self.slots.get_unchecked(class) {
-                self.slab_filled(ri, class, sid);
+            None => {
+                l.word = NO_WORD;
+                false
             }
-            Ok(addr)
         }
     }
 
+    /// The cursor word of (`ri`, `class`) has no free slot left: move the
+    /// cursor to another word of the head slab, or move the slab, now full,
+    /// to the full list (the cursor is then `NO_WORD`).
     #[cold]
+    #[inline(never)]
+    fn cursor_exhausted(&mut self, ri: usize, class: usize) {
+        let sid = self.regions[ri].sizes[class].head;
+        if !self.set_cursor(ri, class, sid) {
+            self.slab_filled(ri, class, sid);
+        }
+    }
+
+    /// Slab `sid`, the head of the partial list of (`ri`, `class`), has no
+    /// free slot: move it to the full list.
     fn slab_filled(&mut self, ri: usize, class: usize, sid: u32) {
+        self.partial_unlink(ri, class, sid);
         let r = &mut self.regions[ri];
-        unlink(&mut self.slabs, &mut r.partial[class], sid);
         push(&mut self.slabs, &mut r.full, sid);
         self.slabs[sid as usize].state = state::FULL;
-        r.n_partial -= 1;
         r.n_full += 1;
+    }
+
+    /// Put slab `sid` at the head of the partial list of (`ri`, `class`)
+    /// (the cursor moves to it on the next allocation).
+    pub(crate) fn partial_push(&mut self, ri: usize, class: usize, sid: u32) {
+        let r = &mut self.regions[ri];
+        let l = &mut r.sizes[class];
+        push(&mut self.slabs, &mut l.head, sid);
+        l.word = NO_WORD;
+        r.n_partial += 1;
+    }
+
+    /// Take slab `sid` off the partial list of (`ri`, `class`).
+    fn partial_unlink(&mut self, ri: usize, class: usize, sid: u32) {
+        let r = &mut self.regions[ri];
+        let l = &mut r.sizes[class];
+        if l.head == sid {
+            l.word = NO_WORD;
+        }
+        unlink(&mut self.slabs, &mut l.head, sid);
+        r.n_partial -= 1;
     }
 
     /// Give region `ri` a fresh partial slab for `class`.
@@ -728,7 +835,7 @@ impl RegionAllocator {
             first
         };
         let n = self.slots[class] as usize;
-        let base = sid as usize * self.wps;
+        let base = self.word_index(sid, 0);
         for w in 0..self.wps {
             let lo = w * 64;
             self.bits[base + w] = if n >= lo + 64 {
@@ -742,12 +849,9 @@ impl RegionAllocator {
         let s = &mut self.slabs[sid as usize];
         s.state = state::PARTIAL;
         s.class = class as u16;
-        s.live = 0;
         s.span = 0;
         s.region = ri as u32;
-        let r = &mut self.regions[ri];
-        push(&mut self.slabs, &mut r.partial[class], sid);
-        r.n_partial += 1;
+        self.partial_push(ri, class, sid);
         Ok(sid)
     }
 
@@ -767,7 +871,6 @@ impl RegionAllocator {
         let s = &mut self.slabs[head as usize];
         s.state = state::SPAN;
         s.span = k as u32;
-        s.live = 1;
         s.region = ri as u32;
         let r = &mut self.regions[ri];
         push(&mut self.slabs, &mut r.spans, head);
@@ -850,7 +953,7 @@ impl RegionAllocator {
     fn grow(&mut self, need: usize, rid: RegionId, size: usize) -> Result<(), RegionError> {
         let bytes = need.checked_mul(self.cfg.slab_size).ok_or(RegionError::SizeTooLarge(size))?;
         let pages = bytes.div_ceil(self.cfg.page_size);
-        if self.stats.pages.saturating_add(pages) > self.cfg.max_pages {
+        if self.stats.pages.saturating_add(pages) > self.cfg.max_pages || !self.words_fit(pages) {
             return Err(RegionError::OutOfMemory { size, region: rid });
         }
         self.stats.page_takes += 1;
@@ -874,6 +977,13 @@ impl RegionAllocator {
         Ok(())
     }
 
+    /// Whether `pages` more pages keep every bitmap word index within a
+    /// `u32` (the cursors store them so).
+    fn words_fit(&self, pages: usize) -> bool {
+        let slabs = (self.pages.len() + pages).saturating_mul(self.spp);
+        slabs.saturating_mul(self.wps) < u32::MAX as usize
+    }
+
     /// Record `pages` pages at `addr` in the page map, all slabs FREE (the
     /// caller puts them in the free ranges).
     pub(crate) fn register_pages(&mut self, addr: usize, pages: usize) {
@@ -887,7 +997,7 @@ impl RegionAllocator {
                 None => {
                     self.pages.push(base);
                     self.slabs.resize(self.pages.len() * self.spp, Slab::free_at(0));
-                    self.bits.resize(self.slabs.len() * self.wps, 0);
+                    self.bits.resize(1 + self.slabs.len() * self.wps, 0);
                     self.pages.len() - 1
                 }
             };
@@ -901,7 +1011,7 @@ impl RegionAllocator {
 
     /// Take the pages at `addr` from the source (unpacking).
     pub(crate) fn claim_pages_at(&mut self, addr: usize, pages: usize) -> Result<(), RegionError> {
-        if self.stats.pages.saturating_add(pages) > self.cfg.max_pages {
+        if self.stats.pages.saturating_add(pages) > self.cfg.max_pages || !self.words_fit(pages) {
             return Err(RegionError::Unpack(format!("{pages} more pages would pass the limit of {}", self.cfg.max_pages)));
         }
         self.source.take_at(addr, pages, self.cfg.page_size).map_err(RegionError::Unpack)?;
@@ -916,46 +1026,55 @@ impl RegionAllocator {
     #[inline]
     pub fn free(&mut self, p: NonNull<u8>) -> Result<(), RegionError> {
         let a = p.as_ptr() as usize;
-        let sid = self.slab_of(a).ok_or(RegionError::NotOwned(a))?;
+        let Some(sid) = self.slab_of(a) else { return Err(RegionError::NotOwned(a)) };
         // SAFETY: `slab_of` gives page index * slabs per page + slab in page,
         // for a page recorded in the page map; the slab table has
         // `pages.len() * spp` entries.
-        let s = unsafe { &mut *self.slabs.as_mut_ptr().add(sid as usize) };
-        let st = s.state;
-        if st == state::PARTIAL || st == state::FULL {
-            let class = s.class as usize;
-            let off = a.wrapping_sub(s.addr);
-            // SAFETY: a slab of slots has a class in 1..classes.
-            let (inv, slots) = unsafe { (*self.inv.get_unchecked(class), *self.slots.get_unchecked(class)) };
-            // off / slot size without a division: off * ceil(2^40 / size) >> 40
-            // is exact while off * size < 2^40 (slabs are at most 1 MiB).
-            let idx = ((off as u64 * inv) >> 40) as usize;
-            debug_assert_eq!(idx, off / (class << self.granule_shift));
-            if idx < slots as usize && off == idx * (class << self.granule_shift) {
+        let s = unsafe { &*self.slabs.as_ptr().add(sid as usize) };
+        // A slab of slots has a class in 1..classes; every other slab has
+        // class 0, whose `magic` is 0, so the test below sends it to
+        // `free_slow` without a look at its state.
+        // SAFETY: classes are < cls.len() (the slot sizes of a slab).
+        let ci = unsafe { *self.cls.get_unchecked(s.class as usize) };
+        {
+            // The slot index and whether `a` starts it, without a division:
+            // off < slab size <= 1 MiB, so `ClassInfo::magic` is exact.
+            let off = (a - s.addr) as u64;
+            let m = off as u128 * ci.magic as u128;
+            let idx = (m >> 64) as usize;
+            debug_assert!(
+                s.class == 0
+                    || (idx, m as u64 >= ci.magic)
+                        == (off as usize / self.slot_size(s.class), off as usize % self.slot_size(s.class) != 0)
+            );
+            if (m as u64) < ci.magic && idx < ci.slots as usize {
+                let i = self.word_index(sid, idx / 64);
                 // SAFETY: idx < slots <= 64 * wps, so the word is the slab's own.
-                let word = unsafe { &mut *self.bits.as_mut_ptr().add(sid as usize * self.wps + idx / 64) };
+                let word = unsafe { &mut *self.bits.as_mut_ptr().add(i) };
                 let bit = 1u64 << (idx % 64);
-                if *word & bit == 0 {
-                    *word |= bit;
-                    s.span = s.span.min((idx / 64) as u32);
-                    s.live -= 1;
-                    let live = s.live;
+                let x = *word;
+                if x & bit == 0 {
+                    let now = x | bit;
+                    *word = now;
                     self.stats.frees += 1;
-                    if st == state::FULL || live == 0 {
-                        let copy = *s;
-                        self.slab_changed_list(sid, copy, live);
+                    // A word that had no free slot may be a full slab's
+                    // (it turns partial); a word with every slot free may
+                    // be an empty slab's.
+                    if x == 0 || now == !0 || now == ci.last_full {
+                        self.slab_may_move(sid);
                     }
                     return Ok(());
                 }
             }
         }
-        let s = *s;
-        self.free_slow(sid, s, a)
+        self.free_slow(sid, a)
     }
 
     /// Frees of spanning objects, and every bad free.
     #[cold]
-    fn free_slow(&mut self, sid: u32, s: Slab, a: usize) -> Result<(), RegionError> {
+    #[inline(never)]
+    fn free_slow(&mut self, sid: u32, a: usize) -> Result<(), RegionError> {
+        let s = self.slabs[sid as usize];
         match s.state {
             state::PARTIAL | state::FULL => return Err(self.small_index(sid, s, a).expect_err("the fast path refused it")),
             state::SPAN if a == s.addr => self.free_span(sid, s),
@@ -985,7 +1104,7 @@ impl RegionAllocator {
         if idx >= self.slots[s.class as usize] as usize {
             return Err(RegionError::NotAllocated { ptr: a, region: self.rid(s.region) });
         }
-        let word = self.bits[sid as usize * self.wps + idx / 64];
+        let word = self.bits[self.word_index(sid, idx / 64)];
         if word & (1 << (idx % 64)) != 0 {
             return Err(RegionError::NotAllocated { ptr: a, region: self.rid(s.region) });
         }
@@ -995,32 +1114,34 @@ impl RegionAllocator {
         Ok(idx)
     }
 
-    /// A free made a full slab partial, or emptied a slab.
+    /// A free made a full slab partial, or filled a bitmap word with free
+    /// slots: move the slab to the list its free slots call for.
     #[cold]
-    fn slab_changed_list(&mut self, sid: u32, s: Slab, live: u32) {
-        let ri = s.region as usize;
-        let class = s.class as usize;
-        let r = &mut self.regions[ri];
+    #[inline(never)]
+    fn slab_may_move(&mut self, sid: u32) {
+        let s = self.slabs[sid as usize];
+        let (ri, class) = (s.region as usize, s.class as usize);
+        let empty = self.free_count(sid) == self.slots[class];
+        debug_assert!(s.state == state::PARTIAL || s.state == state::FULL);
         if s.state == state::FULL {
+            let r = &mut self.regions[ri];
             unlink(&mut self.slabs, &mut r.full, sid);
             r.n_full -= 1;
-            if live > 0 {
-                push(&mut self.slabs, &mut r.partial[class], sid);
-                r.n_partial += 1;
+            if !empty {
                 self.slabs[sid as usize].state = state::PARTIAL;
+                self.partial_push(ri, class, sid);
             }
-        } else {
-            unlink(&mut self.slabs, &mut r.partial[class], sid);
-            r.n_partial -= 1;
+        } else if empty {
+            self.partial_unlink(ri, class, sid);
         }
-        if live == 0 {
+        if empty {
             self.retire_empty(ri, sid);
         }
     }
 
     /// An emptied slab stays with its region up to the high watermark.
     fn retire_empty(&mut self, ri: usize, sid: u32) {
-        debug_assert!(self.slabs[sid as usize].live == 0 && self.slabs[sid as usize].prev == NIL);
+        debug_assert!(self.slabs[sid as usize].prev == NIL && self.slabs[sid as usize].next == NIL);
         let r = &mut self.regions[ri];
         if (r.n_empty as usize) < self.cfg.high_watermark {
             push(&mut self.slabs, &mut r.empty, sid);
@@ -1031,7 +1152,7 @@ impl RegionAllocator {
         } else {
             let a = self.slabs[sid as usize].addr;
             self.slabs[sid as usize] = Slab::free_at(a);
-            self.free.insert(a, 1);
+            self.free.insert_lazy(a);
         }
     }
 
@@ -1186,18 +1307,15 @@ impl RegionAllocator {
     /// one slab after another, without looking the region up per object.
     fn balloc_small(&mut self, ri: usize, class: usize, n: usize, out: &mut Vec<NonNull<u8>>) -> Result<(), RegionError> {
         let size = class << self.granule_shift;
-        let slots = self.slots[class];
         let mut left = n;
         while left > 0 {
-            let mut sid = self.regions[ri].partial[class];
+            let mut sid = self.regions[ri].sizes[class].head;
             if sid == NIL {
                 sid = self.new_partial(ri, class)?;
             }
-            let base = sid as usize * self.wps;
-            let (addr, mut w, mut live) = {
-                let sl = &self.slabs[sid as usize];
-                (sl.addr, sl.span as usize, sl.live)
-            };
+            let base = self.word_index(sid, 0);
+            let addr = self.slabs[sid as usize].addr;
+            let mut w = 0;
             while left > 0 && w < self.wps {
                 let mut x = self.bits[base + w];
                 while x != 0 && left > 0 {
@@ -1205,18 +1323,13 @@ impl RegionAllocator {
                     x &= x - 1;
                     // SAFETY: slot addresses are inside a mapped slab, never 0.
                     out.push(unsafe { NonNull::new_unchecked((addr + idx * size) as *mut u8) });
-                    live += 1;
                     left -= 1;
                 }
                 self.bits[base + w] = x;
-                if x == 0 {
-                    w += 1;
-                }
+                w += 1;
             }
-            let sl = &mut self.slabs[sid as usize];
-            sl.live = live;
-            sl.span = w.min(self.wps - 1) as u32;
-            if live == slots {
+            // The cursor may point at a word just emptied: set it again.
+            if !self.set_cursor(ri, class, sid) {
                 self.slab_filled(ri, class, sid);
             }
         }
@@ -1234,12 +1347,13 @@ impl RegionAllocator {
         let r = &self.regions[s];
         // Small objects are counted from their slabs (no counter on the fast paths).
         let (mut objects, mut bytes) = (r.span_objects, (r.n_span_slabs as u64) << self.slab_shift);
-        for &h in r.partial.iter().chain([&r.full]) {
+        for h in r.sizes.iter().map(|l| l.head).chain([r.full]) {
             let mut x = h;
             while x != NIL {
                 let sl = &self.slabs[x as usize];
-                objects += sl.live as u64;
-                bytes += sl.live as u64 * self.slot_size(sl.class) as u64;
+                let live = self.live_count(x) as u64;
+                objects += live;
+                bytes += live * self.slot_size(sl.class) as u64;
                 x = sl.next;
             }
         }
@@ -1309,10 +1423,13 @@ impl RegionAllocator {
     /// (it walks everything).
     pub fn check(&self) -> Result<(), String> {
         self.free.check()?;
+        if self.bits.len() != 1 + self.slabs.len() * self.wps || self.bits[NO_WORD as usize] != 0 {
+            return Err("the bitmap has the wrong length, or its always-zero word is not 0".into());
+        }
         let mut seen = vec![false; self.slabs.len()];
         for (si, r) in self.regions.iter().enumerate() {
             if !r.alive {
-                if r.partial.iter().any(|&h| h != NIL) || r.full != NIL || r.empty != NIL || r.spans != NIL {
+                if r.sizes.iter().any(|l| l.head != NIL || l.word != NO_WORD) || r.full != NIL || r.empty != NIL || r.spans != NIL {
                     return Err(format!("dead region slot {si} still has slabs"));
                 }
                 continue;
@@ -1343,24 +1460,29 @@ impl RegionAllocator {
                             if class.is_some_and(|k| k != c) {
                                 return Err(format!("slab {:#x} of class {c} on another class's list", s.addr));
                             }
-                            let free: u32 = (0..self.wps).map(|w| self.bits[x as usize * self.wps + w].count_ones()).sum();
-                            let cursor = s.span as usize;
-                            if cursor >= self.wps || (0..cursor).any(|w| self.bits[x as usize * self.wps + w] != 0) {
-                                return Err(format!("slab {:#x}: free-word cursor {cursor} is past a free slot", s.addr));
-                            }
-                            if free + s.live != self.slots[c] || s.live == 0 || (want == state::FULL) != (free == 0) {
-                                return Err(format!("slab {:#x}: {} live + {free} free != {} slots", s.addr, s.live, self.slots[c]));
+                            let free = self.free_count(x);
+                            let n = self.slots[c] as usize;
+                            let i = self.word_index(x, 0);
+                            let stray = (0..self.wps).any(|w| {
+                                let lo = w * 64;
+                                let mask = if n >= lo + 64 { !0 } else if n > lo { (1u64 << (n - lo)) - 1 } else { 0 };
+                                self.bits[i + w] & !mask != 0
+                            });
+                            if stray || free >= self.slots[c] || (want == state::FULL) != (free == 0) || s.span != 0 {
+                                return Err(format!("slab {:#x} ({}): {free} of {} slots free", s.addr, if want == state::FULL { "full" } else { "partial" }, self.slots[c]));
                             }
                             if want == state::PARTIAL { np += 1 } else { nf += 1 }
                         }
+                        state::EMPTY if s.class != 0 => return Err(format!("empty slab {:#x} has class {}", s.addr, s.class)),
                         state::EMPTY => ne += 1,
+                        _ if s.class != 0 => return Err(format!("span slab {:#x} has class {}", s.addr, s.class)),
                         _ => {
                             objs += 1;
                             ns += s.span;
                             for i in 1..s.span as usize {
                                 let b = self.slab_of(s.addr + (i << self.slab_shift)).ok_or("span body unmapped")?;
                                 let bs = &self.slabs[b as usize];
-                                if bs.state != state::BODY || bs.span != x || seen[b as usize] || !covered.contains(&bs.addr) {
+                                if bs.state != state::BODY || bs.class != 0 || bs.span != x || seen[b as usize] || !covered.contains(&bs.addr) {
                                     return Err(format!("span body {:#x} of {:#x} is wrong", bs.addr, s.addr));
                                 }
                                 seen[b as usize] = true;
@@ -1372,8 +1494,21 @@ impl RegionAllocator {
                 }
                 Ok(())
             };
-            for (c, &h) in r.partial.iter().enumerate() {
-                walk(h, state::PARTIAL, Some(c))?;
+            for (c, l) in r.sizes.iter().enumerate() {
+                walk(l.head, state::PARTIAL, Some(c))?;
+            }
+            for (c, l) in r.sizes.iter().enumerate() {
+                if l.word == NO_WORD {
+                    continue;
+                }
+                let w = (l.word as usize).wrapping_sub(self.word_index(l.head, 0));
+                let ok = l.head != NIL
+                    && w < self.wps
+                    && self.bits[l.word as usize] != 0
+                    && l.base == self.slabs[l.head as usize].addr + w * 64 * (c << self.granule_shift);
+                if !ok {
+                    return Err(format!("region slot {si}, class {c}: the cursor is not on a free word of the partial head"));
+                }
             }
             walk(r.full, state::FULL, None)?;
             walk(r.empty, state::EMPTY, None)?;
@@ -1402,7 +1537,7 @@ impl RegionAllocator {
         for (a, l) in self.free.iter() {
             for i in 0..l {
                 let b = self.slab_of(a + (i << self.slab_shift)).ok_or_else(|| format!("free slab {a:#x} unmapped"))?;
-                if self.slabs[b as usize].state != state::FREE || seen[b as usize] {
+                if self.slabs[b as usize].state != state::FREE || self.slabs[b as usize].class != 0 || seen[b as usize] {
                     return Err(format!("free range slab {:#x} is in use", a + (i << self.slab_shift)));
                 }
                 seen[b as usize] = true;

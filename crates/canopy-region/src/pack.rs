@@ -324,7 +324,7 @@ impl RegionAllocator {
     /// Visit every slab in use (partial, full, span heads) of region slot `s`.
     fn for_each_used_slab(&self, s: u32, mut f: impl FnMut(u32)) {
         let r = &self.regions[s as usize];
-        for &h in r.partial.iter().chain([&r.full, &r.spans]) {
+        for h in r.sizes.iter().map(|l| l.head).chain([r.full, r.spans]) {
             let mut x = h;
             while x != NIL {
                 f(x);
@@ -385,7 +385,7 @@ impl RegionAllocator {
                         .map(|w| {
                             let lo = w * 64;
                             let mask = if n >= lo + 64 { !0 } else if n > lo { (1u64 << (n - lo)) - 1 } else { 0 };
-                            !self.bits[x as usize * self.wps + w] & mask
+                            !self.bits[self.word_index(x, w)] & mask
                         })
                         .collect();
                     slabs.push(PackedSlab::Slots {
@@ -474,22 +474,21 @@ impl RegionAllocator {
                         let mask = if n >= lo + 64 { !0 } else if n > lo { (1u64 << (n - lo)) - 1 } else { 0 };
                         let a = allocated.get(w).copied().unwrap_or(0) & mask;
                         live += a.count_ones();
-                        self.bits[sid * self.wps + w] = !a & mask;
+                        let i = self.word_index(sid as u32, w);
+                        self.bits[i] = !a & mask;
                     }
                     let full = live as usize == n;
                     let sl = &mut self.slabs[sid];
                     sl.region = ri as u32;
                     sl.class = class;
-                    sl.live = live;
                     sl.span = 0;
                     sl.state = if full { state::FULL } else { state::PARTIAL };
-                    let r = &mut self.regions[ri];
                     if full {
+                        let r = &mut self.regions[ri];
                         push(&mut self.slabs, &mut r.full, sid as u32);
                         r.n_full += 1;
                     } else {
-                        push(&mut self.slabs, &mut r.partial[class as usize], sid as u32);
-                        r.n_partial += 1;
+                        self.partial_push(ri, class as usize, sid as u32);
                     }
                 }
                 PackedSlab::Span { addr, slabs, .. } => {
@@ -502,7 +501,6 @@ impl RegionAllocator {
                     let sl = &mut self.slabs[sid];
                     sl.state = state::SPAN;
                     sl.span = *slabs;
-                    sl.live = 1;
                     sl.region = ri as u32;
                     let r = &mut self.regions[ri];
                     push(&mut self.slabs, &mut r.spans, sid as u32);
