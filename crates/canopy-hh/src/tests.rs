@@ -968,3 +968,42 @@ fn a_kept_heap_collects_down_to_its_result() {
     assert_eq!(sum, 50 * 51 / 2);
     assert!(kept.stats().collections >= 1);
 }
+
+#[test]
+fn a_handle_made_by_an_outer_kept_read_inside_a_nested_one_keeps_its_object() {
+    setup();
+    let kept = run_keep(|s| {
+        let a = s.tuple(&[Val::Int(1)]);
+        let b = s.tuple(&[Val::Int(2)]);
+        s.tuple(&[Val::Obj(a), Val::Obj(b)])
+    });
+    kept.read(|outer, pair| {
+        // The outer scope makes a handle while a nested read is open; its
+        // brand is the outer read's, so it may leave the nested read.
+        let a = kept.read(|_inner, _| outer.get(pair, 0).as_obj().unwrap());
+        // The next handle of the outer read must not take a's slot.
+        let b = outer.get(pair, 1).as_obj().unwrap();
+        assert_eq!(outer.get_int(b, 0), 2);
+        assert_eq!(outer.get_int(a, 0), 1, "the handle made inside the nested read now names another object");
+    });
+}
+
+#[test]
+fn a_panicking_kept_read_releases_its_handles() {
+    setup();
+    let kept = run_keep(|s| {
+        let a = s.tuple(&[Val::Int(1)]);
+        s.tuple(&[Val::Obj(a)])
+    });
+    let base = kept.read(|s, _| s.handles());
+    for _ in 0..3 {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            kept.read(|s, p| {
+                let _ = s.get(p, 0);
+                s.get_int(p, 0) // panics: field 0 holds an object
+            })
+        }));
+        assert!(r.is_err());
+    }
+    assert_eq!(kept.read(|s, _| s.handles()), base, "handles of panicked reads stay rooted");
+}
