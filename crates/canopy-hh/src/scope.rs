@@ -395,7 +395,7 @@ pub fn run_keep(f: impl for<'s> FnOnce(&mut Scope<'s>) -> Gc<'s>) -> Kept {
     // what it reaches.
     task.roots.reset(0);
     let slot = task.roots.push(w);
-    Kept { task: Box::into_raw(task), slot }
+    Kept { task: Box::into_raw(task), slot, reading: std::cell::Cell::new(0) }
 }
 
 /// The heap of a finished task tree and the object its root task returned
@@ -412,6 +412,11 @@ pub struct Kept {
     task: *mut Task,
     /// The root slot holding the result.
     slot: *mut u64,
+    /// Reads in progress (nested reads share the root stack). Only the
+    /// outermost read releases handles: an outer scope may make a handle
+    /// while a nested read is open, and that handle (of the outer brand)
+    /// outlives the nested read.
+    reading: std::cell::Cell<u32>,
 }
 
 // SAFETY: a Kept owns a finished task tree's heap outright: no task runs in
@@ -424,20 +429,34 @@ unsafe impl Send for Kept {}
 impl Kept {
     /// Read the kept result: `f` gets a shared scope over the heap and the
     /// handle of the object the run returned. Handles made while reading
-    /// (by `get`) are released when `f` returns.
+    /// (by `get`) are released when the outermost read returns or unwinds
+    /// (a nested read keeps them: the outer scope may have made some of them).
     pub fn read<R>(&self, f: impl for<'k> FnOnce(&Scope<'k>, Gc<'k>) -> R) -> R {
+        /// Ends a read, on return or unwind: the outermost read releases
+        /// every handle made since the run (slot 0 holds the result).
+        struct End<'a>(&'a Kept);
+        impl Drop for End<'_> {
+            fn drop(&mut self) {
+                let n = self.0.reading.get() - 1;
+                self.0.reading.set(n);
+                if n == 0 {
+                    // SAFETY: as in read; no read is open, so no handle of
+                    // any read's brand is alive.
+                    unsafe { (*self.0.task).roots.reset(1) };
+                }
+            }
+        }
         let task = self.task;
         // SAFETY: the task is ours and alive while self is; a Kept is !Sync,
         // so only this thread touches it now; no reference to the task
         // outlives a statement here or in Scope's methods (see Scope::task),
         // so nested reads are fine.
-        let (mark, tree) = unsafe { ((*task).roots.mark(), (*task).tree) };
+        let tree = unsafe { (*task).tree };
+        self.reading.set(self.reading.get() + 1);
+        let _end = End(self);
         let s = Scope { task, _brand: PhantomData };
         let g = Gc { slot: self.slot, tree, _brand: PhantomData };
-        let r = f(&s, g);
-        // SAFETY: as above; the handles made by f die with f's brand.
-        unsafe { (*task).roots.reset(mark) };
-        r
+        f(&s, g)
     }
 
     /// Collect the kept heap: keep what the result reaches and give the
