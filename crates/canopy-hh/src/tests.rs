@@ -1007,3 +1007,43 @@ fn a_panicking_kept_read_releases_its_handles() {
     }
     assert_eq!(kept.read(|s, _| s.handles()), base, "handles of panicked reads stay rooted");
 }
+
+#[test]
+fn a_down_pointer_written_into_an_expired_holder_is_still_checked() {
+    setup();
+    run(|s| {
+        let o = s.new_ref(Val::Int(0));
+        s.par(
+            |s| {
+                let t = s.tuple(&[Val::Int(1)]);
+                s.set(o, 0, Val::Obj(t));
+            },
+            |_| (),
+        );
+        s.collect();
+        assert!(s.stats().frontier_expired >= 1, "the holder left the frontier");
+        // The first child collects the root's heap too when it can (the
+        // holder is scanned again and stays off the frontier), then points it
+        // down into its own heap; the second child reads the pointer.
+        let written = AtomicBool::new(false);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            s.par(
+                |a| {
+                    a.collect_with_ancestors();
+                    let t = a.tuple(&[Val::Int(7)]);
+                    a.set(o, 0, Val::Obj(t));
+                    written.store(true, Ordering::Release);
+                },
+                |b| {
+                    while !written.load(Ordering::Acquire) {
+                        std::hint::spin_loop();
+                    }
+                    b.get(o, 0);
+                },
+            )
+        }));
+        let e = r.expect_err("the entangled read went unchecked");
+        let m = e.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(m.contains("entanglement detected"), "{m}");
+    });
+}
