@@ -235,7 +235,8 @@ fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
                 g.stats.large_allocs += 1;
                 g.stats.large_bytes += (units * UNIT) as u64;
                 let p = arena::unit_addr(d);
-                if !zeroed {
+                // With huge pages asked for, a trim would split one.
+                if !zeroed && !options().huge_pages {
                     trim_tail(g, p, size, units);
                 }
                 (p, zeroed)

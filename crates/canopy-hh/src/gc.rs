@@ -137,7 +137,12 @@ impl Collector {
     /// collecting task runs, so it has no live children, and an ancestor is
     /// collected only while its fork's other child has not started), so "no
     /// field points into a level `j < li`" means no down-pointer at all, and
-    /// no concurrent task reads the object while it is collected.
+    /// no concurrent task reads the object while it is collected. Two facts
+    /// this rests on: the write barrier never stores a pointer sideways (only
+    /// up or down the tree), so a field pointing outside the collected levels
+    /// points to an ancestor; and a sibling that starts after the collection
+    /// sees the cleared bit (the fork link's release/acquire hand-off), so its
+    /// own down-pointer write sets it again before storing the field.
     fn scan_object(&mut self, obj: u64, li: usize) -> usize {
         let h = header_at(obj).load(Ordering::Relaxed);
         let kind = object::header_kind(h);

@@ -401,11 +401,13 @@ pub fn run_keep(f: impl for<'s> FnOnce(&mut Scope<'s>) -> Gc<'s>) -> Kept {
 /// The heap of a finished task tree and the object its root task returned
 /// (see [`run_keep`]).
 ///
-/// No task runs in the heap any more and nothing collects it, so its objects
-/// stay where they are until the `Kept` is dropped. It is read through a
-/// shared [`Scope`], which cannot allocate or fork. It can be sent to another
-/// thread (it owns the heap outright), but not shared: a read adds handles to
-/// its root stack.
+/// No task runs in the heap any more; only [`Kept::collect`] (which takes
+/// `&mut self`, so no read is open) moves its objects, and the heap lives
+/// until the `Kept` is dropped. It is read through a shared [`Scope`], which
+/// cannot allocate or fork; `set` and `raw_set` work through it, so a kept
+/// result can still be updated in place. It can be sent to another thread
+/// (it owns the heap outright), but not shared: a read adds handles to its
+/// root stack.
 pub struct Kept {
     /// The root task (from `Box::into_raw`; reads mutate its root stack
     /// through `&self`, so no reference to it is kept).
@@ -464,7 +466,13 @@ impl Kept {
     /// Objects may move; large objects stay where they are.
     pub fn collect(&mut self) {
         // SAFETY: the task is ours (see read); `&mut self` excludes reads.
-        crate::gc::collect(unsafe { &mut *self.task }, crate::gc::Reach::Own);
+        let t = unsafe { &mut *self.task };
+        // The collection's own counters go to the global ones too.
+        let run = std::mem::take(&mut t.stats);
+        crate::gc::collect(t, crate::gc::Reach::Own);
+        let this = std::mem::replace(&mut t.stats, run);
+        crate::stats::add_global(&this);
+        t.stats.add(&this);
     }
 
     /// Run the heap verifier on the kept heap.
