@@ -17,8 +17,9 @@
 //!
 //! Invariants (checked by `debug_check_unit` in debug builds):
 //! - `owner != 0` only for a unit of kind `SMALL` whose heap is live, and then
-//!   `owner` is the id of the thread that runs that heap (or `0` in check mode,
-//!   which sends every free through the checked slow path).
+//!   `owner` is the id of the thread that runs that heap.  `owner` is `0` for
+//!   full slabs (on their heap's full list), poisoned ones, and every slab in
+//!   check mode, which sends every free through the checked slow path.
 //! - A unit whose kind is not `SMALL` has `owner == 0`.
 //! - For a `SMALL` unit: `used + |free list| + (capacity - carved blocks) == capacity`
 //!   for blocks in the owner's hands; blocks in flight to the owner as remote
@@ -96,7 +97,8 @@ pub struct Block {
 pub struct Desc {
     /// SMALL: local free list.  LARGE_ALIGNED: the user pointer.
     pub free: *mut Block,
-    /// SMALL: id of the owning thread, 0 if none (see the module invariants).
+    /// SMALL: id of the owning thread while the free fast path may push onto
+    /// this slab (current or available); 0 otherwise (see the module invariants).
     pub owner: AtomicUsize,
     /// SMALL: live blocks (including ones in flight as remote frees).
     /// MEDIUM (first unit of a page): live chunks in the page.
@@ -109,8 +111,11 @@ pub struct Desc {
     pub flags: u8,
     /// First unit of a heap page: how many of its units are `HEAP_FREE`.
     pub page_free: u8,
-    /// SMALL: `u64::MAX / size + 1`, for the divisibility test of block starts.
-    pub divc: u64,
+    /// SMALL: the multiplier of the block-start test (see [`small_divc`]).
+    pub divc: u32,
+    /// SMALL: the bound of the block-start test: carved blocks times
+    /// `size * divc mod 2^32` (see [`is_block_start`]); kept by `carve`.
+    pub limit: u32,
     /// SMALL, MEDIUM, HEAP_FREE: the owning heap.
     pub heap: AtomicPtr<Heap>,
     /// List links (slab lists, free unit lists, span bins, medium page list).
@@ -144,6 +149,7 @@ impl Desc {
             flags: 0,
             page_free: 0,
             divc: 0,
+            limit: 0,
             heap: AtomicPtr::new(ptr::null_mut()),
             next: ptr::null_mut(),
             prev: ptr::null_mut(),
@@ -152,6 +158,35 @@ impl Desc {
         }
     }
 }
+
+/// The multiplier of the block-start test for blocks of `size` bytes
+/// (`16 <= size <= SMALL_MAX`): `floor(2^32 / size) + 1`.
+///
+/// For an offset `off < UNIT` into a slab, `v = off * divc mod 2^32` is
+/// `k * step` when `off` is `k` blocks (`step = size * divc - 2^32`, with
+/// `0 < step <= size`), and at least `divc > 2^19` otherwise, so one multiply
+/// and one compare with `carved * step <= UNIT` (the descriptor's `limit`)
+/// say "a carved block start" (Lemire's divisibility test, with the
+/// multiplier chosen so that every quotient maps to a distinct small value;
+/// the test `block_start_test_is_exact` checks every class and offset).
+pub const fn small_divc(size: usize) -> u32 {
+    ((1u64 << 32) / size as u64 + 1) as u32
+}
+
+/// `limit` for a slab of blocks of `size` bytes of which `carved_bytes` are carved.
+pub const fn small_limit(size: usize, carved_bytes: usize) -> u32 {
+    let step = (size as u32).wrapping_mul(small_divc(size));
+    (carved_bytes / size) as u32 * step
+}
+
+/// Whether offset `off` (`< UNIT`) into a SMALL slab with multiplier `divc`
+/// and bound `limit` starts a carved block.
+#[inline(always)]
+pub fn is_block_start(off: u32, divc: u32, limit: u32) -> bool {
+    off.wrapping_mul(divc) < limit
+}
+
+const _: () = assert!(UNIT <= 1 << 16 && crate::size_class::SMALL_MAX <= 1 << 13);
 
 /// Base address of the arena (0 until initialised).
 pub(crate) static ARENA_BASE: AtomicUsize = AtomicUsize::new(0);

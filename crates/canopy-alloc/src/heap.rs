@@ -295,9 +295,8 @@ impl Heap {
                 } else {
                     // Exhausted: drop the current bias, move to the full list.
                     (*d).used -= 1;
-                    (*d).flags |= FLAG_FULL;
-                    Heap::list_push(&mut self.full[c], d);
                     self.set_current(c, empty_desc());
+                    self.make_full(c, d);
                 }
             }
             // A slab with free blocks?
@@ -318,8 +317,7 @@ impl Heap {
                 }
                 self.set_current(c, empty_desc());
                 (*s).used -= 1;
-                (*s).flags |= FLAG_FULL;
-                Heap::list_push(&mut self.full[c], s);
+                self.make_full(c, s);
             }
             // A fresh slab.
             let Some(s) = self.new_slab(c) else {
@@ -328,6 +326,19 @@ impl Heap {
             self.set_current(c, s);
             self.carve(s);
             self.pop_checked(s)
+        }
+    }
+
+    /// Put slab `d` of class `c` (on no list, not current) on the full list.
+    /// A full slab has no owner, so a free into it takes the slow path, which
+    /// moves it back to `avail` (`free_small_post`): the free fast path needs
+    /// no flag test.
+    unsafe fn make_full(&mut self, c: usize, d: *mut Desc) {
+        // SAFETY: d is a slab of this heap on no list (caller's contract).
+        unsafe {
+            (*d).flags |= FLAG_FULL;
+            (*d).owner.store(0, Ordering::Relaxed);
+            Heap::list_push(&mut self.full[c], d);
         }
     }
 
@@ -432,6 +443,7 @@ impl Heap {
             }
             (*d).free = head;
             (*d).a = (carved + n * size) as u32;
+            (*d).limit = arena::small_limit(size, carved + n * size);
         }
     }
 
@@ -455,7 +467,8 @@ impl Heap {
             (*d).used = 1;
             (*d).class = c as u8;
             (*d).flags = 0;
-            (*d).divc = u64::MAX / size as u64 + 1;
+            (*d).divc = arena::small_divc(size);
+            (*d).limit = 0;
             (*d).a = 0;
             (*d).b = size as u32;
             (*d).heap.store(self as *mut Heap, Ordering::Relaxed);
@@ -571,6 +584,10 @@ impl Heap {
                 (*d).flags &= !FLAG_FULL;
                 Heap::list_remove(&mut self.full[c], d);
                 Heap::list_push(&mut self.avail[c], d);
+                if !crate::options().check {
+                    // Back on the fast path (see `make_full`).
+                    (*d).owner.store(self.tid, Ordering::Relaxed);
+                }
             }
             if (*d).used == 0 {
                 if self.cur[c] == d {
@@ -817,15 +834,14 @@ impl Heap {
         if crate::options().check {
             return;
         }
+        // Full slabs keep owner 0 (see `make_full`).
         for c in 0..SMALL_CLASSES {
-            for head in [self.avail[c], self.full[c]] {
-                let mut s = head;
-                while !s.is_null() {
-                    // SAFETY: slabs of this heap, which we now own.
-                    unsafe {
-                        (*s).owner.store(tid, Ordering::Relaxed);
-                        s = (*s).next;
-                    }
+            let mut s = self.avail[c];
+            while !s.is_null() {
+                // SAFETY: slabs of this heap, which we now own.
+                unsafe {
+                    (*s).owner.store(tid, Ordering::Relaxed);
+                    s = (*s).next;
                 }
             }
         }
@@ -864,8 +880,9 @@ impl Heap {
                         if !core::ptr::eq((*s).heap.load(Ordering::Relaxed), self) {
                             return Err("slab belongs to another heap");
                         }
-                        if !check_mode && self.tid != 0 && (*s).owner.load(Ordering::Relaxed) != self.tid {
-                            return Err("slab owner is not the heap's thread");
+                        let want = if full || check_mode { 0 } else { self.tid };
+                        if self.tid != 0 && (*s).owner.load(Ordering::Relaxed) != want {
+                            return Err("slab owner is not the heap's thread (0 for full slabs and in check mode)");
                         }
                         // used + free list + uncarved == capacity
                         let size = (*s).b as usize;
@@ -984,7 +1001,7 @@ pub(crate) fn reclaim_abandoned() {
 /// # Safety
 /// `d` is a SMALL descriptor and `p` lies in its unit.
 pub(crate) unsafe fn is_carved_block(d: *const Desc, p: *mut u8) -> bool {
-    let off = (p as usize - arena::unit_addr(d) as usize) as u64;
+    let off = (p as usize - arena::unit_addr(d) as usize) as u32;
     // SAFETY: d is a valid SMALL descriptor (caller's contract).
-    unsafe { off.wrapping_mul((*d).divc) < (*d).divc && off < (*d).a as u64 }
+    unsafe { arena::is_block_start(off, (*d).divc, (*d).limit) }
 }

@@ -356,30 +356,37 @@ const HINT_CLASS: usize = 1 << 63;
 /// The free fast path.  `expected` is what the caller says of the block: 0
 /// (nothing), a size, or `HINT_CLASS | class`; it is checked on the slow path,
 /// which check mode always takes.
+///
+/// The fast path takes a block of a slab that is current or on the `avail`
+/// list of this thread's heap (`owner == thread_id()`: full, poisoned and
+/// abandoned slabs, and every slab in check mode, have `owner == 0`), checks
+/// that `p` starts a carved block, and pushes it.  Only a slab that empties
+/// (`used` reaches 0) needs the post hook.
 #[inline(always)]
 unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
     let base = arena::arena_base();
-    let off_arena = (p as usize).wrapping_sub(base);
-    let idx = off_arena >> UNIT_SHIFT;
-    if idx < MAX_UNITS {
-        // SAFETY: idx is inside the descriptor table, which lies TABLE_OFFSET
-        // below the arena base.  When `owner` is this thread, the slab belongs
-        // to this thread's heap and only this thread touches its free list and
-        // counters.
+    let idx = (p as usize).wrapping_sub(base) >> UNIT_SHIFT;
+    if idx & !(MAX_UNITS - 1) == 0 {
+        // SAFETY: idx < MAX_UNITS, so d is inside the descriptor table, which
+        // lies TABLE_OFFSET below the arena base.  When `owner` is this
+        // thread, the slab belongs to this thread's heap and only this thread
+        // touches its free list and counters.
         unsafe {
             let d = (base - arena::TABLE_OFFSET + idx * core::mem::size_of::<Desc>()) as *mut Desc;
             if (*d).owner.load(canopy_sync::prim::Ordering::Relaxed) == canopy_sys::thread_id() {
-                let off = (off_arena & (UNIT - 1)) as u64;
-                let b = p as *mut Block;
-                // A carved block start (divisibility by the block size, via
-                // the precomputed reciprocal).  A double free is caught when
-                // the block comes up for reuse or its slab empties.
-                if off.wrapping_mul((*d).divc) < (*d).divc && (off as u32) < (*d).a {
+                // The arena base is unit-aligned: p's low bits are its offset
+                // in the unit.  A carved block start (divisibility by the
+                // block size and the carved range, one multiply and one
+                // compare, see arena::small_divc).  A double free is caught
+                // when the block comes up for reuse or its slab empties.
+                let off = (p as usize & (UNIT - 1)) as u32;
+                if arena::is_block_start(off, (*d).divc, (*d).limit) {
+                    let b = p as *mut Block;
                     (*b).next = (*d).free;
                     (*b).tag = free_tag();
                     (*d).free = b;
                     (*d).used -= 1;
-                    if (*d).flags != 0 || (*d).used == 0 {
+                    if (*d).used == 0 {
                         free_post(d, p);
                     }
                     return;
@@ -586,8 +593,7 @@ unsafe fn usable_size_checked(p: *mut u8, call: &'static str) -> Option<usize> {
         match (*d).kind {
             kind::SMALL => {
                 let size = (*d).b as usize;
-                let off = p as usize - arena::unit_addr(d) as usize;
-                let live = if options().check { check::is_live(d, p) } else { off % size == 0 && off < (*d).a as usize };
+                let live = if options().check { check::is_live(d, p) } else { heap::is_carved_block(d, p) };
                 if !live {
                     report::bad_free(call, p, BadFree::NotABlock, size, Some((*d).class as usize));
                     return None;
