@@ -435,6 +435,42 @@ pub unsafe fn free_class(p: *mut u8, cls: SizeClass) {
     unsafe { free_inner(p, "free_class", HINT_CLASS | cls.index()) }
 }
 
+/// Free a block said to be of class index `cls` (C's `canopy_free_class`).
+/// The class is checked only where the hint is: on the slow path, in check
+/// mode; an index that is no class is no hint.
+///
+/// # Safety
+/// As for [`free`]; the block was allocated with class `cls` or a size in it.
+#[inline(always)]
+pub unsafe fn free_class_index(p: *mut u8, cls: usize) {
+    // SAFETY: forwarded.
+    unsafe { free_inner(p, "free_class", HINT_CLASS | cls) }
+}
+
+/// Allocate one block of class index `cls` (C's `canopy_alloc_class`): null
+/// with `errno = EINVAL` if `cls` is no class.  Small classes are decided by
+/// one compare.
+#[inline(always)]
+pub fn alloc_class_index(cls: usize) -> *mut u8 {
+    if cls < SMALL_CLASSES {
+        alloc_small(cls)
+    } else {
+        alloc_class_index_big(cls)
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn alloc_class_index_big(cls: usize) -> *mut u8 {
+    match SizeClass::from_index(cls) {
+        Some(c) => alloc_big(c.size()),
+        None => {
+            canopy_sys::set_errno(libc::EINVAL);
+            ptr::null_mut()
+        }
+    }
+}
+
 /// The general free: validation, remote frees, medium and large chunks.
 #[cold]
 #[inline(never)]
@@ -442,8 +478,13 @@ unsafe fn free_slow(p: *mut u8, call: &'static str, expected: usize) {
     if p.is_null() {
         return;
     }
+    // A class hint that names no class is no hint.
+    let expected = match expected {
+        e if e & HINT_CLASS == 0 => e,
+        e if e & !HINT_CLASS < NUM_CLASSES => size_class::class_size(e & !HINT_CLASS),
+        _ => 0,
+    };
     if expected != 0 && options().check {
-        let expected = if expected & HINT_CLASS != 0 { size_class::class_size(expected & !HINT_CLASS) } else { expected };
         // SAFETY: checks only; reports and refuses a pointer that is no block.
         match unsafe { usable_size_checked(p, call) } {
             None => return,
