@@ -34,7 +34,7 @@
 use crate::arena::{self, desc, desc_index, free_tag, kind, Block, Desc, FLAG_FULL, FLAG_POISONED, PAGE_UNITS, UNIT};
 use crate::global;
 use crate::medium::Medium;
-use crate::size_class::{class_size, NUM_CLASSES, SMALL_CLASSES};
+use crate::size_class::{class_size, NUM_CLASSES, SMALL_CLASSES, SMALL_MAX};
 use canopy_sync::prim::{AtomicU64, AtomicUsize, Ordering};
 use canopy_sync::{CachePadded, MpscQueue, Node};
 use core::ptr;
@@ -104,10 +104,17 @@ impl HeapCounters {
     }
 }
 
-/// A thread's local heap.  `repr(C)` with `current` first so the fast path
-/// reaches a class's slab with one load from the heap pointer.
+/// Entries of [`Heap::direct`]: one per 16-byte granule of sizes up to `SMALL_MAX`.
+pub(crate) const DIRECT_LEN: usize = SMALL_MAX / 16 + 1;
+
+/// A thread's local heap.  `repr(C)` with the fast-path arrays first, so the
+/// fast path reaches a slab with one load from the heap pointer.
 #[repr(C)]
 pub struct Heap {
+    /// Fast-path view of the current slab per 16-byte granule of the size:
+    /// `direct[(size + 15) / 16] == current[class of size]`, so `malloc`
+    /// needs no size-to-class step (mimalloc's `pages_free_direct`).
+    pub(crate) direct: [*mut Desc; DIRECT_LEN],
     /// Fast-path view of the current slab per small class.
     pub(crate) current: [*mut Desc; SMALL_CLASSES],
     /// Small allocations served by the fast path (owner-only).
@@ -192,6 +199,7 @@ impl Heap {
     const fn new_empty() -> Heap {
         let e = &EMPTY_DESC.0 as *const Desc as *mut Desc;
         Heap {
+            direct: [e; DIRECT_LEN],
             current: [e; SMALL_CLASSES],
             allocs: 0,
             tid: 0,
@@ -345,7 +353,11 @@ impl Heap {
     #[inline]
     fn set_current(&mut self, c: usize, d: *mut Desc) {
         self.cur[c] = d;
-        self.current[c] = if crate::options().check { empty_desc() } else { d };
+        let fast = if crate::options().check { empty_desc() } else { d };
+        self.current[c] = fast;
+        for g in granules(c) {
+            self.direct[g] = fast;
+        }
     }
 
     /// Pop from the current slab `d` on the slow path.  If the block at the
@@ -866,6 +878,9 @@ impl Heap {
             if !check_mode && self.current[c] != d {
                 return Err("fast-path and slow-path current slabs differ");
             }
+            if granules(c).any(|g| self.direct[g] != self.current[c]) {
+                return Err("the size-indexed and class-indexed current slabs differ");
+            }
             for (head, full) in [(self.avail[c], false), (self.full[c], true)] {
                 let mut s = head;
                 while !s.is_null() {
@@ -925,6 +940,13 @@ impl Heap {
         }
         self.medium.check()
     }
+}
+
+/// The entries of [`Heap::direct`] of class `c`: the granules `g` with
+/// `class_index(16 * g) == c` (granule 0, size 0, belongs to class 0).
+fn granules(c: usize) -> core::ops::RangeInclusive<usize> {
+    let lo = if c == 0 { 0 } else { class_size(c - 1) / 16 + 1 };
+    lo..=class_size(c) / 16
 }
 
 /// Give a span back to the global heap.

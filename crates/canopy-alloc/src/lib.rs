@@ -114,7 +114,7 @@ fn options_at_start() -> &'static Options {
 #[inline(always)]
 pub fn alloc(size: usize) -> *mut u8 {
     if size <= SMALL_MAX {
-        alloc_small(small_class_index(size))
+        alloc_small_size(size)
     } else {
         alloc_big(size)
     }
@@ -130,14 +130,34 @@ pub fn alloc_class(cls: SizeClass) -> *mut u8 {
     }
 }
 
-/// The fast path: pop the current slab's free list.
+/// The fast path by class: pop the current slab's free list.
 #[inline(always)]
 fn alloc_small(c: usize) -> *mut u8 {
     let h = tls_heap();
     // SAFETY: h is this thread's heap (or EMPTY_HEAP, whose slabs are empty);
-    // c < SMALL_CLASSES; the slab and its free blocks belong to this thread.
+    // c < SMALL_CLASSES.
+    unsafe { pop_or_else(h, *(*h).current.get_unchecked(c), || alloc_small_slow(h, c)) }
+}
+
+/// The fast path by size (`size <= SMALL_MAX`): the heap's size-indexed
+/// view of the current slabs saves the size-to-class step.
+#[inline(always)]
+fn alloc_small_size(size: usize) -> *mut u8 {
+    let g = (size + 15) >> 4;
+    let h = tls_heap();
+    // SAFETY: as in alloc_small; g < DIRECT_LEN.
+    unsafe { pop_or_else(h, *(*h).direct.get_unchecked(g), || alloc_small_slow_size(size, h)) }
+}
+
+/// Pop the free list of `d`, the current slab of its class in heap `h` (or
+/// `EMPTY_DESC`), else call `slow`.
+///
+/// # Safety
+/// `h` is this thread's heap or `EMPTY_HEAP`; `d` is one of its current slabs.
+#[inline(always)]
+unsafe fn pop_or_else(h: *mut Heap, d: *mut Desc, slow: impl FnOnce() -> *mut u8) -> *mut u8 {
+    // SAFETY: the slab and its free blocks belong to this thread.
     unsafe {
-        let d = *(*h).current.get_unchecked(c);
         let b = (*d).free;
         // A block on the free list carries the free tag; one that does not
         // was freed twice (see arena::Block), and the slow path deals with it.
@@ -148,8 +168,16 @@ fn alloc_small(c: usize) -> *mut u8 {
             (*h).allocs += 1;
             return b as *mut u8;
         }
-        alloc_small_slow(h, c)
     }
+    slow()
+}
+
+#[cold]
+#[inline(never)]
+fn alloc_small_slow_size(size: usize, h: *mut Heap) -> *mut u8 {
+    // (Arguments in this order so that `malloc` passes `size` on where it
+    // came in.)
+    alloc_small_slow(h, small_class_index(size))
 }
 
 #[cold]

@@ -624,3 +624,19 @@ fn full_slabs_take_the_slow_path_and_come_back() {
     unsafe { free(v[0]) };
     check_invariants().unwrap();
 }
+
+
+#[test]
+fn size_indexed_slabs_match_the_classes() {
+    let _g = shared();
+    // Every size up to SMALL_MAX gets a block of its class from the
+    // size-indexed fast path, and the class-indexed path agrees.
+    for size in 0..=SMALL_MAX {
+        let p = alloc(size);
+        assert!(!p.is_null());
+        let u = unsafe { usable_size(p) };
+        assert_eq!(u, SizeClass::of(size).unwrap().size(), "size {size}");
+        unsafe { free(p) };
+    }
+    check_invariants().unwrap();
+}
