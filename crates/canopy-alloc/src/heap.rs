@@ -145,6 +145,14 @@ pub struct Heap {
     pub(crate) published: Published,
     /// Incoming remote frees (written by other threads).
     inbox: CachePadded<MpscQueue>,
+    /// The inbox can no longer be trusted: a node taken from it was not a
+    /// block in flight to this heap.  That happens when a block sent to us
+    /// was freed again here before we drained it (a double free): our free
+    /// reused the word that linked it in the inbox, so the rest of the chain
+    /// may run through our free lists or live blocks.  The inbox is not
+    /// drained again (frees still sent to it are given up, like a poisoned
+    /// slab's blocks), and the heap is retired when its thread exits.
+    pub(crate) inbox_broken: bool,
     /// Next heap in the global list of heaps.
     pub(crate) next_all: *mut Heap,
     /// Next abandoned heap.
@@ -226,6 +234,7 @@ impl Heap {
             seen_epoch: 0,
             published: Published { blocks: [ZERO; NUM_CLASSES], slabs: [ZERO; SMALL_CLASSES], counters: [ZERO; COUNTERS], pages: ZERO, small_allocs: ZERO },
             inbox: CachePadded::new(MpscQueue::new()),
+            inbox_broken: false,
             next_all: ptr::null_mut(),
             next_abandoned: ptr::null_mut(),
             id: 0,
@@ -671,7 +680,7 @@ impl Heap {
 
     /// Take every block other threads have freed to us and free it locally.
     pub(crate) unsafe fn drain_inbox(&mut self) {
-        if self.inbox.is_empty_hint() {
+        if self.inbox_broken || self.inbox.is_empty_hint() {
             return;
         }
         loop {
@@ -681,16 +690,28 @@ impl Heap {
                 break;
             }
             self.counters.remote_frees_received += 1;
-            // SAFETY: n is a block of one of our units, freed to us.
-            unsafe { self.free_owned(n as *mut u8) };
+            // SAFETY: n was linked into our inbox by a trusted link (every
+            // node before it was a block in flight to us).
+            if !unsafe { self.free_owned(n as *mut u8) } {
+                // Its link to the next node is not to be followed (see
+                // `inbox_broken`).
+                self.inbox_broken = true;
+                return;
+            }
         }
     }
 
-    /// Free a block known to belong to this heap (from the inbox).
-    unsafe fn free_owned(&mut self, p: *mut u8) {
-        // SAFETY: p lies in a unit of this heap.
+    /// Free a block sent to this heap (from the inbox).  Returns false, after
+    /// reporting it, if `p` is not a block in flight to this heap.
+    unsafe fn free_owned(&mut self, p: *mut u8) -> bool {
+        let idx = arena::unit_index(p as usize);
+        if idx >= arena::arena_units() {
+            crate::report::bad_free_found("free", p, 0, 0);
+            return false;
+        }
+        // SAFETY: idx is an arena unit; p is validated before it is used.
         unsafe {
-            let d = desc(arena::unit_index(p as usize));
+            let d = desc(idx);
             // A block sent as a remote free still carries the in-flight mark
             // (tag or chunk state) and lies in a unit of this heap.  If not,
             // its owner freed it again meanwhile (a double free) and the unit
@@ -699,9 +720,13 @@ impl Heap {
             match (*d).kind {
                 kind::SMALL if mine && is_carved_block(d, p) && (*(p as *mut Block)).tag == free_tag() ^ 1 => self.free_small_local(d, p),
                 kind::MEDIUM if mine && crate::medium::Medium::is_in_flight(p) => self.medium.free_local(&mut self.counters, p),
-                _ => crate::report::bad_free_found("free", p, 0, 0),
+                _ => {
+                    crate::report::bad_free_found("free", p, 0, 0);
+                    return false;
+                }
             }
         }
+        true
     }
 
     /// Slow-path housekeeping: drain, send, publish statistics.
@@ -993,16 +1018,28 @@ pub(crate) fn reclaim_abandoned() {
     };
     crate::solo::unlock(locked);
     let mut h = list;
-    let mut last = ptr::null_mut();
+    let mut list: *mut Heap = ptr::null_mut();
+    let mut last: *mut Heap = ptr::null_mut();
     while !h.is_null() {
         // SAFETY: the heap is off the list, so no other thread adopts or
         // reclaims it; remote frees only push to its inbox.
         unsafe {
+            let next = (*h).next_abandoned;
             if !(*h).inbox.is_empty_hint() {
                 (*h).abandon();
             }
-            last = h;
-            h = (*h).next_abandoned;
+            if (*h).inbox_broken {
+                // Retired (see `inbox_broken`): never adopted again.
+                (*h).next_abandoned = ptr::null_mut();
+                ABANDONED.fetch_sub(1, Ordering::Relaxed);
+            } else {
+                (*h).next_abandoned = list;
+                list = h;
+                if last.is_null() {
+                    last = h;
+                }
+            }
+            h = next;
         }
     }
     if last.is_null() {

@@ -640,3 +640,43 @@ fn size_indexed_slabs_match_the_classes() {
     }
     check_invariants().unwrap();
 }
+
+#[test]
+fn a_block_sent_home_and_freed_again_does_not_derail_the_inbox() {
+    let _g = serial();
+    if options().check {
+        return; // check mode aborts at the second free
+    }
+    let before = report::bad_frees();
+    let blocks: Vec<usize> = (0..64).map(|_| alloc(64) as usize).collect();
+    let r = blocks[0];
+    // Another thread frees r (sent to us); then we free it again: our free
+    // list reuses the word that links r in the inbox.
+    std::thread::spawn(move || unsafe { free(r as *mut u8) }).join().unwrap();
+    unsafe { free(r as *mut u8) };
+    // r comes back to the program, which writes a pointer to a live block
+    // where the inbox link was.
+    let q = alloc(64);
+    unsafe { *(q as *mut usize) = blocks[1] };
+    // More frees come home from another thread.
+    let rest: Vec<usize> = blocks[2..].to_vec();
+    std::thread::spawn(move || {
+        for p in rest {
+            unsafe { free(p as *mut u8) }
+        }
+    })
+    .join()
+    .unwrap();
+    // Draining must stop at r and never follow its link into live blocks.
+    let v = assert_distinct("after a derailed inbox", 64, 5000);
+    assert!(report::bad_frees() > before, "the double free is reported");
+    check_invariants().unwrap();
+    for x in v {
+        unsafe { free(x) };
+    }
+    unsafe {
+        free(blocks[1] as *mut u8);
+        free(q);
+    }
+    check_invariants().unwrap();
+}
