@@ -89,13 +89,31 @@ pub struct Block {
     pub tag: usize,
 }
 
+/// Wrapper making the list end shareable.
+#[repr(transparent)]
+pub(crate) struct SyncBlock(pub Block);
+// SAFETY: LIST_END is never written (it lives in read-only memory): no path
+// pops it (its tag is never the free tag) or pushes through it.
+unsafe impl Sync for SyncBlock {}
+
+/// The end of every slab's free list, instead of null: its tag (0) is never
+/// [`free_tag`] (which is odd), so the allocation fast path's tag test also
+/// finds an empty list, with no null test.
+pub(crate) static LIST_END: SyncBlock = SyncBlock(Block { next: ptr::null_mut(), tag: 0 });
+
+/// The end of every slab's free list (see [`LIST_END`]).
+#[inline(always)]
+pub fn list_end() -> *mut Block {
+    &LIST_END.0 as *const Block as *mut Block
+}
+
 /// The descriptor of one unit.  Fields are read and written through raw
 /// pointers: the owner thread writes the plain fields; other threads read
 /// only `owner`, `heap`, `kind`, `class` and `size`, which do not change while
 /// a block of the unit is live.
 #[repr(C, align(64))]
 pub struct Desc {
-    /// SMALL: local free list.  LARGE_ALIGNED: the user pointer.
+    /// SMALL: local free list, ended by [`list_end`].  LARGE_ALIGNED: the user pointer.
     pub free: *mut Block,
     /// SMALL: id of the owning thread while the free fast path may push onto
     /// this slab (current or available); 0 otherwise (see the module invariants).
@@ -286,7 +304,9 @@ pub(crate) fn init_free_key() {
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^= x >> 33;
-    FREE_KEY.store(x | 1, Ordering::Relaxed);
+    // Odd, so never LIST_END's tag 0; bit 1 set, so the in-flight tag
+    // (`key ^ 1`) is not 0 either.
+    FREE_KEY.store(x | 3, Ordering::Relaxed);
 }
 
 /// Set kind and clear owner for `n` units from `idx`.

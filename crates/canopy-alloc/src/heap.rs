@@ -6,7 +6,8 @@
 //! chunks (see `medium.rs`).
 //!
 //! Fast paths (no atomics, no locks):
-//! - `alloc`: pop the free list of `current[class]`.
+//! - `alloc`: pop the free list of `direct[(size + 15) / 16]` (by size) or
+//!   `current[class]` (by class).
 //! - `free` by the owner thread: push on the slab's free list.
 //!
 //! Slow path (`alloc_small_slow`): drain the inbox of remote frees, send the
@@ -26,12 +27,15 @@
 //!
 //! Invariants (checked by [`Heap::check`]):
 //! - `cur[c]` is `EMPTY_DESC` or a SMALL slab of class `c` on no list;
-//!   `current[c] == cur[c]` except in check mode, where it is `EMPTY_DESC`.
+//!   `current[c] == cur[c]` except in check mode, where it is `EMPTY_DESC`;
+//!   `direct[g] == current[c]` for every size granule `g` of class `c`.
 //! - A slab on `avail[c]` has no FULL flag; a slab on `full[c]` has it.
-//! - Every slab's `heap` is this heap, and `owner` is `tid` while the heap is
-//!   live outside check mode.
+//! - Every slab's `heap` is this heap; `owner` is `tid` for the slabs on
+//!   `avail` while the heap is live outside check mode, and 0 for the slabs on
+//!   `full` (so a free into a full slab takes the slow path).
+//! - Free lists end with `arena::LIST_END`, never null.
 
-use crate::arena::{self, desc, desc_index, free_tag, kind, Block, Desc, FLAG_FULL, FLAG_POISONED, PAGE_UNITS, UNIT};
+use crate::arena::{self, desc, desc_index, free_tag, kind, list_end, Block, Desc, FLAG_FULL, FLAG_POISONED, PAGE_UNITS, UNIT};
 use crate::global;
 use crate::medium::Medium;
 use crate::size_class::{class_size, NUM_CLASSES, SMALL_CLASSES, SMALL_MAX};
@@ -163,7 +167,7 @@ pub struct Heap {
 
 /// The descriptor every empty `current` slot points at: no free blocks, so the
 /// fast path falls through to the slow path.  Never written.
-pub(crate) static EMPTY_DESC: SyncDesc = SyncDesc(Desc::new());
+pub(crate) static EMPTY_DESC: SyncDesc = SyncDesc(Desc { free: &arena::LIST_END.0 as *const Block as *mut Block, ..Desc::new() });
 
 /// Wrapper making the static descriptor shareable.
 #[repr(transparent)]
@@ -297,10 +301,10 @@ impl Heap {
             self.maintenance();
             let d = self.cur[c];
             if d != empty_desc() {
-                if (*d).free.is_null() {
+                if (*d).free == list_end() {
                     self.carve(d);
                 }
-                if !(*d).free.is_null() {
+                if (*d).free != list_end() {
                     let p = self.pop_checked(d);
                     if !p.is_null() {
                         return p;
@@ -322,10 +326,10 @@ impl Heap {
                 Heap::list_remove(&mut self.avail[c], s);
                 (*s).used += 1;
                 self.set_current(c, s);
-                if (*s).free.is_null() {
+                if (*s).free == list_end() {
                     self.carve(s);
                 }
-                if !(*s).free.is_null() {
+                if (*s).free != list_end() {
                     let p = self.pop_checked(s);
                     if !p.is_null() {
                         return p;
@@ -405,7 +409,7 @@ impl Heap {
                 self.set_current(c, empty_desc());
             }
             (*d).flags = FLAG_POISONED;
-            (*d).free = ptr::null_mut();
+            (*d).free = list_end();
             // Frees into it now take the slow path, which drops them.
             (*d).owner.store(0, Ordering::Relaxed);
             self.counters.poisoned_slabs += 1;
@@ -424,7 +428,7 @@ impl Heap {
             let mut seen = [0u64; UNIT / 16 / 64];
             let mut n = 0;
             let mut b = (*d).free;
-            while !b.is_null() {
+            while b != list_end() {
                 let off = (b as usize).wrapping_sub(base);
                 let i = off / size;
                 if off % size != 0 || i >= carved || (*b).tag != free_tag() || seen[i / 64] & (1 << (i % 64)) != 0 {
@@ -483,7 +487,7 @@ impl Heap {
             }
             (*page_first).page_free -= 1;
             let size = class_size(c);
-            (*d).free = ptr::null_mut();
+            (*d).free = list_end();
             // The bias of being current (see `Heap`): never 0 while current.
             (*d).used = 1;
             (*d).class = c as u8;
@@ -534,7 +538,7 @@ impl Heap {
             debug_assert_eq!((*d).used, 0);
             (*d).owner.store(0, Ordering::Relaxed);
             (*d).kind = kind::HEAP_FREE;
-            (*d).free = ptr::null_mut();
+            (*d).free = list_end();
             (*d).flags = 0;
             Heap::list_push(&mut self.free_units, d);
             let first_idx = desc_index(d) & !(PAGE_UNITS - 1);
@@ -929,7 +933,7 @@ impl Heap {
                         let cap = UNIT / size;
                         let mut free = 0;
                         let mut b = (*s).free;
-                        while !b.is_null() {
+                        while b != list_end() {
                             free += 1;
                             if free > cap {
                                 return Err("free list longer than the slab (cycle?)");
@@ -951,7 +955,7 @@ impl Heap {
                     let cap = UNIT / size;
                     let mut free = 0;
                     let mut b = (*d).free;
-                    while !b.is_null() && free <= cap {
+                    while b != list_end() && free <= cap {
                         free += 1;
                         b = (*b).next;
                     }

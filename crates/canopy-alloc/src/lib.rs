@@ -156,12 +156,14 @@ fn alloc_small_size(size: usize) -> *mut u8 {
 /// `h` is this thread's heap or `EMPTY_HEAP`; `d` is one of its current slabs.
 #[inline(always)]
 unsafe fn pop_or_else(h: *mut Heap, d: *mut Desc, slow: impl FnOnce() -> *mut u8) -> *mut u8 {
-    // SAFETY: the slab and its free blocks belong to this thread.
+    // SAFETY: the slab and its free blocks belong to this thread; the list
+    // ends with LIST_END, which is readable and whose tag never matches.
     unsafe {
         let b = (*d).free;
         // A block on the free list carries the free tag; one that does not
-        // was freed twice (see arena::Block), and the slow path deals with it.
-        if !b.is_null() && (*b).tag == free_tag() {
+        // was freed twice (see arena::Block) or is the end of the list, and
+        // the slow path deals with it.
+        if (*b).tag == free_tag() {
             (*d).free = (*b).next;
             (*b).tag = 0;
             (*d).used += 1;
