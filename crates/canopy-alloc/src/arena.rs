@@ -17,8 +17,9 @@
 //!
 //! Invariants (checked by `debug_check_unit` in debug builds):
 //! - `owner != 0` only for a unit of kind `SMALL` whose heap is live, and then
-//!   `owner` is the id of the thread that runs that heap (or `0` in check mode,
-//!   which sends every free through the checked slow path).
+//!   `owner` is the id of the thread that runs that heap.  `owner` is `0` for
+//!   full slabs (on their heap's full list), poisoned ones, and every slab in
+//!   check mode, which sends every free through the checked slow path.
 //! - A unit whose kind is not `SMALL` has `owner == 0`.
 //! - For a `SMALL` unit: `used + |free list| + (capacity - carved blocks) == capacity`
 //!   for blocks in the owner's hands; blocks in flight to the owner as remote
@@ -88,15 +89,34 @@ pub struct Block {
     pub tag: usize,
 }
 
+/// Wrapper making the list end shareable.
+#[repr(transparent)]
+pub(crate) struct SyncBlock(pub Block);
+// SAFETY: LIST_END is never written (it lives in read-only memory): no path
+// pops it (its tag is never the free tag) or pushes through it.
+unsafe impl Sync for SyncBlock {}
+
+/// The end of every slab's free list, instead of null: its tag (0) is never
+/// [`free_tag`] (which is odd), so the allocation fast path's tag test also
+/// finds an empty list, with no null test.
+pub(crate) static LIST_END: SyncBlock = SyncBlock(Block { next: ptr::null_mut(), tag: 0 });
+
+/// The end of every slab's free list (see [`LIST_END`]).
+#[inline(always)]
+pub fn list_end() -> *mut Block {
+    &LIST_END.0 as *const Block as *mut Block
+}
+
 /// The descriptor of one unit.  Fields are read and written through raw
 /// pointers: the owner thread writes the plain fields; other threads read
 /// only `owner`, `heap`, `kind`, `class` and `size`, which do not change while
 /// a block of the unit is live.
 #[repr(C, align(64))]
 pub struct Desc {
-    /// SMALL: local free list.  LARGE_ALIGNED: the user pointer.
+    /// SMALL: local free list, ended by [`list_end`].  LARGE_ALIGNED: the user pointer.
     pub free: *mut Block,
-    /// SMALL: id of the owning thread, 0 if none (see the module invariants).
+    /// SMALL: id of the owning thread while the free fast path may push onto
+    /// this slab (current or available); 0 otherwise (see the module invariants).
     pub owner: AtomicUsize,
     /// SMALL: live blocks (including ones in flight as remote frees).
     /// MEDIUM (first unit of a page): live chunks in the page.
@@ -109,8 +129,11 @@ pub struct Desc {
     pub flags: u8,
     /// First unit of a heap page: how many of its units are `HEAP_FREE`.
     pub page_free: u8,
-    /// SMALL: `u64::MAX / size + 1`, for the divisibility test of block starts.
-    pub divc: u64,
+    /// SMALL: the multiplier of the block-start test (see [`small_divc`]).
+    pub divc: u32,
+    /// SMALL: the bound of the block-start test: carved blocks times
+    /// `size * divc mod 2^32` (see [`is_block_start`]); kept by `carve`.
+    pub limit: u32,
     /// SMALL, MEDIUM, HEAP_FREE: the owning heap.
     pub heap: AtomicPtr<Heap>,
     /// List links (slab lists, free unit lists, span bins, medium page list).
@@ -144,6 +167,7 @@ impl Desc {
             flags: 0,
             page_free: 0,
             divc: 0,
+            limit: 0,
             heap: AtomicPtr::new(ptr::null_mut()),
             next: ptr::null_mut(),
             prev: ptr::null_mut(),
@@ -152,6 +176,35 @@ impl Desc {
         }
     }
 }
+
+/// The multiplier of the block-start test for blocks of `size` bytes
+/// (`16 <= size <= SMALL_MAX`): `floor(2^32 / size) + 1`.
+///
+/// For an offset `off < UNIT` into a slab, `v = off * divc mod 2^32` is
+/// `k * step` when `off` is `k` blocks (`step = size * divc - 2^32`, with
+/// `0 < step <= size`), and at least `divc > 2^19` otherwise, so one multiply
+/// and one compare with `carved * step <= UNIT` (the descriptor's `limit`)
+/// say "a carved block start" (Lemire's divisibility test, with the
+/// multiplier chosen so that every quotient maps to a distinct small value;
+/// the test `block_start_test_is_exact` checks every class and offset).
+pub const fn small_divc(size: usize) -> u32 {
+    ((1u64 << 32) / size as u64 + 1) as u32
+}
+
+/// `limit` for a slab of blocks of `size` bytes of which `carved_bytes` are carved.
+pub const fn small_limit(size: usize, carved_bytes: usize) -> u32 {
+    let step = (size as u32).wrapping_mul(small_divc(size));
+    (carved_bytes / size) as u32 * step
+}
+
+/// Whether offset `off` (`< UNIT`) into a SMALL slab with multiplier `divc`
+/// and bound `limit` starts a carved block.
+#[inline(always)]
+pub fn is_block_start(off: u32, divc: u32, limit: u32) -> bool {
+    off.wrapping_mul(divc) < limit
+}
+
+const _: () = assert!(UNIT <= 1 << 16 && crate::size_class::SMALL_MAX <= 1 << 13);
 
 /// Base address of the arena (0 until initialised).
 pub(crate) static ARENA_BASE: AtomicUsize = AtomicUsize::new(0);
@@ -251,7 +304,9 @@ pub(crate) fn init_free_key() {
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^= x >> 33;
-    FREE_KEY.store(x | 1, Ordering::Relaxed);
+    // Odd, so never LIST_END's tag 0; bit 1 set, so the in-flight tag
+    // (`key ^ 1`) is not 0 either.
+    FREE_KEY.store(x | 3, Ordering::Relaxed);
 }
 
 /// Set kind and clear owner for `n` units from `idx`.

@@ -6,7 +6,8 @@
 //! chunks (see `medium.rs`).
 //!
 //! Fast paths (no atomics, no locks):
-//! - `alloc`: pop the free list of `current[class]`.
+//! - `alloc`: pop the free list of `direct[(size + 15) / 16]` (by size) or
+//!   `current[class]` (by class).
 //! - `free` by the owner thread: push on the slab's free list.
 //!
 //! Slow path (`alloc_small_slow`): drain the inbox of remote frees, send the
@@ -26,15 +27,18 @@
 //!
 //! Invariants (checked by [`Heap::check`]):
 //! - `cur[c]` is `EMPTY_DESC` or a SMALL slab of class `c` on no list;
-//!   `current[c] == cur[c]` except in check mode, where it is `EMPTY_DESC`.
+//!   `current[c] == cur[c]` except in check mode, where it is `EMPTY_DESC`;
+//!   `direct[g] == current[c]` for every size granule `g` of class `c`.
 //! - A slab on `avail[c]` has no FULL flag; a slab on `full[c]` has it.
-//! - Every slab's `heap` is this heap, and `owner` is `tid` while the heap is
-//!   live outside check mode.
+//! - Every slab's `heap` is this heap; `owner` is `tid` for the slabs on
+//!   `avail` while the heap is live outside check mode, and 0 for the slabs on
+//!   `full` (so a free into a full slab takes the slow path).
+//! - Free lists end with `arena::LIST_END`, never null.
 
-use crate::arena::{self, desc, desc_index, free_tag, kind, Block, Desc, FLAG_FULL, FLAG_POISONED, PAGE_UNITS, UNIT};
+use crate::arena::{self, desc, desc_index, free_tag, kind, list_end, Block, Desc, FLAG_FULL, FLAG_POISONED, PAGE_UNITS, UNIT};
 use crate::global;
 use crate::medium::Medium;
-use crate::size_class::{class_size, NUM_CLASSES, SMALL_CLASSES};
+use crate::size_class::{class_size, NUM_CLASSES, SMALL_CLASSES, SMALL_MAX};
 use canopy_sync::prim::{AtomicU64, AtomicUsize, Ordering};
 use canopy_sync::{CachePadded, MpscQueue, Node};
 use core::ptr;
@@ -104,10 +108,17 @@ impl HeapCounters {
     }
 }
 
-/// A thread's local heap.  `repr(C)` with `current` first so the fast path
-/// reaches a class's slab with one load from the heap pointer.
+/// Entries of [`Heap::direct`]: one per 16-byte granule of sizes up to `SMALL_MAX`.
+pub(crate) const DIRECT_LEN: usize = SMALL_MAX / 16 + 1;
+
+/// A thread's local heap.  `repr(C)` with the fast-path arrays first, so the
+/// fast path reaches a slab with one load from the heap pointer.
 #[repr(C)]
 pub struct Heap {
+    /// Fast-path view of the current slab per 16-byte granule of the size:
+    /// `direct[(size + 15) / 16] == current[class of size]`, so `malloc`
+    /// needs no size-to-class step (mimalloc's `pages_free_direct`).
+    pub(crate) direct: [*mut Desc; DIRECT_LEN],
     /// Fast-path view of the current slab per small class.
     pub(crate) current: [*mut Desc; SMALL_CLASSES],
     /// Small allocations served by the fast path (owner-only).
@@ -138,6 +149,14 @@ pub struct Heap {
     pub(crate) published: Published,
     /// Incoming remote frees (written by other threads).
     inbox: CachePadded<MpscQueue>,
+    /// The inbox can no longer be trusted: a node taken from it was not a
+    /// block in flight to this heap.  That happens when a block sent to us
+    /// was freed again here before we drained it (a double free): our free
+    /// reused the word that linked it in the inbox, so the rest of the chain
+    /// may run through our free lists or live blocks.  The inbox is not
+    /// drained again (frees still sent to it are given up, like a poisoned
+    /// slab's blocks), and the heap is retired when its thread exits.
+    pub(crate) inbox_broken: bool,
     /// Next heap in the global list of heaps.
     pub(crate) next_all: *mut Heap,
     /// Next abandoned heap.
@@ -148,7 +167,7 @@ pub struct Heap {
 
 /// The descriptor every empty `current` slot points at: no free blocks, so the
 /// fast path falls through to the slow path.  Never written.
-pub(crate) static EMPTY_DESC: SyncDesc = SyncDesc(Desc::new());
+pub(crate) static EMPTY_DESC: SyncDesc = SyncDesc(Desc { free: &arena::LIST_END.0 as *const Block as *mut Block, ..Desc::new() });
 
 /// Wrapper making the static descriptor shareable.
 #[repr(transparent)]
@@ -192,6 +211,7 @@ impl Heap {
     const fn new_empty() -> Heap {
         let e = &EMPTY_DESC.0 as *const Desc as *mut Desc;
         Heap {
+            direct: [e; DIRECT_LEN],
             current: [e; SMALL_CLASSES],
             allocs: 0,
             tid: 0,
@@ -218,6 +238,7 @@ impl Heap {
             seen_epoch: 0,
             published: Published { blocks: [ZERO; NUM_CLASSES], slabs: [ZERO; SMALL_CLASSES], counters: [ZERO; COUNTERS], pages: ZERO, small_allocs: ZERO },
             inbox: CachePadded::new(MpscQueue::new()),
+            inbox_broken: false,
             next_all: ptr::null_mut(),
             next_abandoned: ptr::null_mut(),
             id: 0,
@@ -280,10 +301,10 @@ impl Heap {
             self.maintenance();
             let d = self.cur[c];
             if d != empty_desc() {
-                if (*d).free.is_null() {
+                if (*d).free == list_end() {
                     self.carve(d);
                 }
-                if !(*d).free.is_null() {
+                if (*d).free != list_end() {
                     let p = self.pop_checked(d);
                     if !p.is_null() {
                         return p;
@@ -295,9 +316,8 @@ impl Heap {
                 } else {
                     // Exhausted: drop the current bias, move to the full list.
                     (*d).used -= 1;
-                    (*d).flags |= FLAG_FULL;
-                    Heap::list_push(&mut self.full[c], d);
                     self.set_current(c, empty_desc());
+                    self.make_full(c, d);
                 }
             }
             // A slab with free blocks?
@@ -306,10 +326,10 @@ impl Heap {
                 Heap::list_remove(&mut self.avail[c], s);
                 (*s).used += 1;
                 self.set_current(c, s);
-                if (*s).free.is_null() {
+                if (*s).free == list_end() {
                     self.carve(s);
                 }
-                if !(*s).free.is_null() {
+                if (*s).free != list_end() {
                     let p = self.pop_checked(s);
                     if !p.is_null() {
                         return p;
@@ -318,8 +338,7 @@ impl Heap {
                 }
                 self.set_current(c, empty_desc());
                 (*s).used -= 1;
-                (*s).flags |= FLAG_FULL;
-                Heap::list_push(&mut self.full[c], s);
+                self.make_full(c, s);
             }
             // A fresh slab.
             let Some(s) = self.new_slab(c) else {
@@ -331,10 +350,27 @@ impl Heap {
         }
     }
 
+    /// Put slab `d` of class `c` (on no list, not current) on the full list.
+    /// A full slab has no owner, so a free into it takes the slow path, which
+    /// moves it back to `avail` (`free_small_post`): the free fast path needs
+    /// no flag test.
+    unsafe fn make_full(&mut self, c: usize, d: *mut Desc) {
+        // SAFETY: d is a slab of this heap on no list (caller's contract).
+        unsafe {
+            (*d).flags |= FLAG_FULL;
+            (*d).owner.store(0, Ordering::Relaxed);
+            Heap::list_push(&mut self.full[c], d);
+        }
+    }
+
     #[inline]
     fn set_current(&mut self, c: usize, d: *mut Desc) {
         self.cur[c] = d;
-        self.current[c] = if crate::options().check { empty_desc() } else { d };
+        let fast = if crate::options().check { empty_desc() } else { d };
+        self.current[c] = fast;
+        for g in granules(c) {
+            self.direct[g] = fast;
+        }
     }
 
     /// Pop from the current slab `d` on the slow path.  If the block at the
@@ -373,7 +409,7 @@ impl Heap {
                 self.set_current(c, empty_desc());
             }
             (*d).flags = FLAG_POISONED;
-            (*d).free = ptr::null_mut();
+            (*d).free = list_end();
             // Frees into it now take the slow path, which drops them.
             (*d).owner.store(0, Ordering::Relaxed);
             self.counters.poisoned_slabs += 1;
@@ -392,7 +428,7 @@ impl Heap {
             let mut seen = [0u64; UNIT / 16 / 64];
             let mut n = 0;
             let mut b = (*d).free;
-            while !b.is_null() {
+            while b != list_end() {
                 let off = (b as usize).wrapping_sub(base);
                 let i = off / size;
                 if off % size != 0 || i >= carved || (*b).tag != free_tag() || seen[i / 64] & (1 << (i % 64)) != 0 {
@@ -432,6 +468,7 @@ impl Heap {
             }
             (*d).free = head;
             (*d).a = (carved + n * size) as u32;
+            (*d).limit = arena::small_limit(size, carved + n * size);
         }
     }
 
@@ -450,12 +487,13 @@ impl Heap {
             }
             (*page_first).page_free -= 1;
             let size = class_size(c);
-            (*d).free = ptr::null_mut();
+            (*d).free = list_end();
             // The bias of being current (see `Heap`): never 0 while current.
             (*d).used = 1;
             (*d).class = c as u8;
             (*d).flags = 0;
-            (*d).divc = u64::MAX / size as u64 + 1;
+            (*d).divc = arena::small_divc(size);
+            (*d).limit = 0;
             (*d).a = 0;
             (*d).b = size as u32;
             (*d).heap.store(self as *mut Heap, Ordering::Relaxed);
@@ -500,7 +538,7 @@ impl Heap {
             debug_assert_eq!((*d).used, 0);
             (*d).owner.store(0, Ordering::Relaxed);
             (*d).kind = kind::HEAP_FREE;
-            (*d).free = ptr::null_mut();
+            (*d).free = list_end();
             (*d).flags = 0;
             Heap::list_push(&mut self.free_units, d);
             let first_idx = desc_index(d) & !(PAGE_UNITS - 1);
@@ -571,6 +609,10 @@ impl Heap {
                 (*d).flags &= !FLAG_FULL;
                 Heap::list_remove(&mut self.full[c], d);
                 Heap::list_push(&mut self.avail[c], d);
+                if !crate::options().check {
+                    // Back on the fast path (see `make_full`).
+                    (*d).owner.store(self.tid, Ordering::Relaxed);
+                }
             }
             if (*d).used == 0 {
                 if self.cur[c] == d {
@@ -642,7 +684,7 @@ impl Heap {
 
     /// Take every block other threads have freed to us and free it locally.
     pub(crate) unsafe fn drain_inbox(&mut self) {
-        if self.inbox.is_empty_hint() {
+        if self.inbox_broken || self.inbox.is_empty_hint() {
             return;
         }
         loop {
@@ -652,16 +694,28 @@ impl Heap {
                 break;
             }
             self.counters.remote_frees_received += 1;
-            // SAFETY: n is a block of one of our units, freed to us.
-            unsafe { self.free_owned(n as *mut u8) };
+            // SAFETY: n was linked into our inbox by a trusted link (every
+            // node before it was a block in flight to us).
+            if !unsafe { self.free_owned(n as *mut u8) } {
+                // Its link to the next node is not to be followed (see
+                // `inbox_broken`).
+                self.inbox_broken = true;
+                return;
+            }
         }
     }
 
-    /// Free a block known to belong to this heap (from the inbox).
-    unsafe fn free_owned(&mut self, p: *mut u8) {
-        // SAFETY: p lies in a unit of this heap.
+    /// Free a block sent to this heap (from the inbox).  Returns false, after
+    /// reporting it, if `p` is not a block in flight to this heap.
+    unsafe fn free_owned(&mut self, p: *mut u8) -> bool {
+        let idx = arena::unit_index(p as usize);
+        if idx >= arena::arena_units() {
+            crate::report::bad_free_found("free", p, 0, 0);
+            return false;
+        }
+        // SAFETY: idx is an arena unit; p is validated before it is used.
         unsafe {
-            let d = desc(arena::unit_index(p as usize));
+            let d = desc(idx);
             // A block sent as a remote free still carries the in-flight mark
             // (tag or chunk state) and lies in a unit of this heap.  If not,
             // its owner freed it again meanwhile (a double free) and the unit
@@ -670,9 +724,13 @@ impl Heap {
             match (*d).kind {
                 kind::SMALL if mine && is_carved_block(d, p) && (*(p as *mut Block)).tag == free_tag() ^ 1 => self.free_small_local(d, p),
                 kind::MEDIUM if mine && crate::medium::Medium::is_in_flight(p) => self.medium.free_local(&mut self.counters, p),
-                _ => crate::report::bad_free_found("free", p, 0, 0),
+                _ => {
+                    crate::report::bad_free_found("free", p, 0, 0);
+                    return false;
+                }
             }
         }
+        true
     }
 
     /// Slow-path housekeeping: drain, send, publish statistics.
@@ -817,15 +875,14 @@ impl Heap {
         if crate::options().check {
             return;
         }
+        // Full slabs keep owner 0 (see `make_full`).
         for c in 0..SMALL_CLASSES {
-            for head in [self.avail[c], self.full[c]] {
-                let mut s = head;
-                while !s.is_null() {
-                    // SAFETY: slabs of this heap, which we now own.
-                    unsafe {
-                        (*s).owner.store(tid, Ordering::Relaxed);
-                        s = (*s).next;
-                    }
+            let mut s = self.avail[c];
+            while !s.is_null() {
+                // SAFETY: slabs of this heap, which we now own.
+                unsafe {
+                    (*s).owner.store(tid, Ordering::Relaxed);
+                    s = (*s).next;
                 }
             }
         }
@@ -850,6 +907,9 @@ impl Heap {
             if !check_mode && self.current[c] != d {
                 return Err("fast-path and slow-path current slabs differ");
             }
+            if granules(c).any(|g| self.direct[g] != self.current[c]) {
+                return Err("the size-indexed and class-indexed current slabs differ");
+            }
             for (head, full) in [(self.avail[c], false), (self.full[c], true)] {
                 let mut s = head;
                 while !s.is_null() {
@@ -864,15 +924,16 @@ impl Heap {
                         if !core::ptr::eq((*s).heap.load(Ordering::Relaxed), self) {
                             return Err("slab belongs to another heap");
                         }
-                        if !check_mode && self.tid != 0 && (*s).owner.load(Ordering::Relaxed) != self.tid {
-                            return Err("slab owner is not the heap's thread");
+                        let want = if full || check_mode { 0 } else { self.tid };
+                        if self.tid != 0 && (*s).owner.load(Ordering::Relaxed) != want {
+                            return Err("slab owner is not the heap's thread (0 for full slabs and in check mode)");
                         }
                         // used + free list + uncarved == capacity
                         let size = (*s).b as usize;
                         let cap = UNIT / size;
                         let mut free = 0;
                         let mut b = (*s).free;
-                        while !b.is_null() {
+                        while b != list_end() {
                             free += 1;
                             if free > cap {
                                 return Err("free list longer than the slab (cycle?)");
@@ -894,7 +955,7 @@ impl Heap {
                     let cap = UNIT / size;
                     let mut free = 0;
                     let mut b = (*d).free;
-                    while !b.is_null() && free <= cap {
+                    while b != list_end() && free <= cap {
                         free += 1;
                         b = (*b).next;
                     }
@@ -908,6 +969,13 @@ impl Heap {
         }
         self.medium.check()
     }
+}
+
+/// The entries of [`Heap::direct`] of class `c`: the granules `g` with
+/// `class_index(16 * g) == c` (granule 0, size 0, belongs to class 0).
+fn granules(c: usize) -> core::ops::RangeInclusive<usize> {
+    let lo = if c == 0 { 0 } else { class_size(c - 1) / 16 + 1 };
+    lo..=class_size(c) / 16
 }
 
 /// Give a span back to the global heap.
@@ -954,16 +1022,28 @@ pub(crate) fn reclaim_abandoned() {
     };
     crate::solo::unlock(locked);
     let mut h = list;
-    let mut last = ptr::null_mut();
+    let mut list: *mut Heap = ptr::null_mut();
+    let mut last: *mut Heap = ptr::null_mut();
     while !h.is_null() {
         // SAFETY: the heap is off the list, so no other thread adopts or
         // reclaims it; remote frees only push to its inbox.
         unsafe {
+            let next = (*h).next_abandoned;
             if !(*h).inbox.is_empty_hint() {
                 (*h).abandon();
             }
-            last = h;
-            h = (*h).next_abandoned;
+            if (*h).inbox_broken {
+                // Retired (see `inbox_broken`): never adopted again.
+                (*h).next_abandoned = ptr::null_mut();
+                ABANDONED.fetch_sub(1, Ordering::Relaxed);
+            } else {
+                (*h).next_abandoned = list;
+                list = h;
+                if last.is_null() {
+                    last = h;
+                }
+            }
+            h = next;
         }
     }
     if last.is_null() {
@@ -984,7 +1064,7 @@ pub(crate) fn reclaim_abandoned() {
 /// # Safety
 /// `d` is a SMALL descriptor and `p` lies in its unit.
 pub(crate) unsafe fn is_carved_block(d: *const Desc, p: *mut u8) -> bool {
-    let off = (p as usize - arena::unit_addr(d) as usize) as u64;
+    let off = (p as usize - arena::unit_addr(d) as usize) as u32;
     // SAFETY: d is a valid SMALL descriptor (caller's contract).
-    unsafe { off.wrapping_mul((*d).divc) < (*d).divc && off < (*d).a as u64 }
+    unsafe { arena::is_block_start(off, (*d).divc, (*d).limit) }
 }

@@ -114,7 +114,7 @@ fn options_at_start() -> &'static Options {
 #[inline(always)]
 pub fn alloc(size: usize) -> *mut u8 {
     if size <= SMALL_MAX {
-        alloc_small(small_class_index(size))
+        alloc_small_size(size)
     } else {
         alloc_big(size)
     }
@@ -130,26 +130,56 @@ pub fn alloc_class(cls: SizeClass) -> *mut u8 {
     }
 }
 
-/// The fast path: pop the current slab's free list.
+/// The fast path by class: pop the current slab's free list.
 #[inline(always)]
 fn alloc_small(c: usize) -> *mut u8 {
     let h = tls_heap();
     // SAFETY: h is this thread's heap (or EMPTY_HEAP, whose slabs are empty);
-    // c < SMALL_CLASSES; the slab and its free blocks belong to this thread.
+    // c < SMALL_CLASSES.
+    unsafe { pop_or_else(h, *(*h).current.get_unchecked(c), || alloc_small_slow(h, c)) }
+}
+
+/// The fast path by size (`size <= SMALL_MAX`): the heap's size-indexed
+/// view of the current slabs saves the size-to-class step.
+#[inline(always)]
+fn alloc_small_size(size: usize) -> *mut u8 {
+    let g = (size + 15) >> 4;
+    let h = tls_heap();
+    // SAFETY: as in alloc_small; g < DIRECT_LEN.
+    unsafe { pop_or_else(h, *(*h).direct.get_unchecked(g), || alloc_small_slow_size(size, h)) }
+}
+
+/// Pop the free list of `d`, the current slab of its class in heap `h` (or
+/// `EMPTY_DESC`), else call `slow`.
+///
+/// # Safety
+/// `h` is this thread's heap or `EMPTY_HEAP`; `d` is one of its current slabs.
+#[inline(always)]
+unsafe fn pop_or_else(h: *mut Heap, d: *mut Desc, slow: impl FnOnce() -> *mut u8) -> *mut u8 {
+    // SAFETY: the slab and its free blocks belong to this thread; the list
+    // ends with LIST_END, which is readable and whose tag never matches.
     unsafe {
-        let d = *(*h).current.get_unchecked(c);
         let b = (*d).free;
         // A block on the free list carries the free tag; one that does not
-        // was freed twice (see arena::Block), and the slow path deals with it.
-        if !b.is_null() && (*b).tag == free_tag() {
+        // was freed twice (see arena::Block) or is the end of the list, and
+        // the slow path deals with it.
+        if (*b).tag == free_tag() {
             (*d).free = (*b).next;
             (*b).tag = 0;
             (*d).used += 1;
             (*h).allocs += 1;
             return b as *mut u8;
         }
-        alloc_small_slow(h, c)
     }
+    slow()
+}
+
+#[cold]
+#[inline(never)]
+fn alloc_small_slow_size(size: usize, h: *mut Heap) -> *mut u8 {
+    // (Arguments in this order so that `malloc` passes `size` on where it
+    // came in.)
+    alloc_small_slow(h, small_class_index(size))
 }
 
 #[cold]
@@ -389,30 +419,37 @@ const HINT_CLASS: usize = 1 << 63;
 /// The free fast path.  `expected` is what the caller says of the block: 0
 /// (nothing), a size, or `HINT_CLASS | class`; it is checked on the slow path,
 /// which check mode always takes.
+///
+/// The fast path takes a block of a slab that is current or on the `avail`
+/// list of this thread's heap (`owner == thread_id()`: full, poisoned and
+/// abandoned slabs, and every slab in check mode, have `owner == 0`), checks
+/// that `p` starts a carved block, and pushes it.  Only a slab that empties
+/// (`used` reaches 0) needs the post hook.
 #[inline(always)]
 unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
     let base = arena::arena_base();
-    let off_arena = (p as usize).wrapping_sub(base);
-    let idx = off_arena >> UNIT_SHIFT;
-    if idx < MAX_UNITS {
-        // SAFETY: idx is inside the descriptor table, which lies TABLE_OFFSET
-        // below the arena base.  When `owner` is this thread, the slab belongs
-        // to this thread's heap and only this thread touches its free list and
-        // counters.
+    let idx = (p as usize).wrapping_sub(base) >> UNIT_SHIFT;
+    if idx & !(MAX_UNITS - 1) == 0 {
+        // SAFETY: idx < MAX_UNITS, so d is inside the descriptor table, which
+        // lies TABLE_OFFSET below the arena base.  When `owner` is this
+        // thread, the slab belongs to this thread's heap and only this thread
+        // touches its free list and counters.
         unsafe {
             let d = (base - arena::TABLE_OFFSET + idx * core::mem::size_of::<Desc>()) as *mut Desc;
             if (*d).owner.load(canopy_sync::prim::Ordering::Relaxed) == canopy_sys::thread_id() {
-                let off = (off_arena & (UNIT - 1)) as u64;
-                let b = p as *mut Block;
-                // A carved block start (divisibility by the block size, via
-                // the precomputed reciprocal).  A double free is caught when
-                // the block comes up for reuse or its slab empties.
-                if off.wrapping_mul((*d).divc) < (*d).divc && (off as u32) < (*d).a {
+                // The arena base is unit-aligned: p's low bits are its offset
+                // in the unit.  A carved block start (divisibility by the
+                // block size and the carved range, one multiply and one
+                // compare, see arena::small_divc).  A double free is caught
+                // when the block comes up for reuse or its slab empties.
+                let off = (p as usize & (UNIT - 1)) as u32;
+                if arena::is_block_start(off, (*d).divc, (*d).limit) {
+                    let b = p as *mut Block;
                     (*b).next = (*d).free;
                     (*b).tag = free_tag();
                     (*d).free = b;
                     (*d).used -= 1;
-                    if (*d).flags != 0 || (*d).used == 0 {
+                    if (*d).used == 0 {
                         free_post(d, p);
                     }
                     return;
@@ -461,6 +498,42 @@ pub unsafe fn free_class(p: *mut u8, cls: SizeClass) {
     unsafe { free_inner(p, "free_class", HINT_CLASS | cls.index()) }
 }
 
+/// Free a block said to be of class index `cls` (C's `canopy_free_class`).
+/// The class is checked only where the hint is: on the slow path, in check
+/// mode; an index that is no class is no hint.
+///
+/// # Safety
+/// As for [`free`]; the block was allocated with class `cls` or a size in it.
+#[inline(always)]
+pub unsafe fn free_class_index(p: *mut u8, cls: usize) {
+    // SAFETY: forwarded.
+    unsafe { free_inner(p, "free_class", HINT_CLASS | cls) }
+}
+
+/// Allocate one block of class index `cls` (C's `canopy_alloc_class`): null
+/// with `errno = EINVAL` if `cls` is no class.  Small classes are decided by
+/// one compare.
+#[inline(always)]
+pub fn alloc_class_index(cls: usize) -> *mut u8 {
+    if cls < SMALL_CLASSES {
+        alloc_small(cls)
+    } else {
+        alloc_class_index_big(cls)
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn alloc_class_index_big(cls: usize) -> *mut u8 {
+    match SizeClass::from_index(cls) {
+        Some(c) => alloc_big(c.size()),
+        None => {
+            canopy_sys::set_errno(libc::EINVAL);
+            ptr::null_mut()
+        }
+    }
+}
+
 /// The general free: validation, remote frees, medium and large chunks.
 #[cold]
 #[inline(never)]
@@ -468,8 +541,13 @@ unsafe fn free_slow(p: *mut u8, call: &'static str, expected: usize) {
     if p.is_null() {
         return;
     }
+    // A class hint that names no class is no hint.
+    let expected = match expected {
+        e if e & HINT_CLASS == 0 => e,
+        e if e & !HINT_CLASS < NUM_CLASSES => size_class::class_size(e & !HINT_CLASS),
+        _ => 0,
+    };
     if expected != 0 && options().check {
-        let expected = if expected & HINT_CLASS != 0 { size_class::class_size(expected & !HINT_CLASS) } else { expected };
         // SAFETY: checks only; reports and refuses a pointer that is no block.
         match unsafe { usable_size_checked(p, call) } {
             None => return,
@@ -619,8 +697,7 @@ unsafe fn usable_size_checked(p: *mut u8, call: &'static str) -> Option<usize> {
         match (*d).kind {
             kind::SMALL => {
                 let size = (*d).b as usize;
-                let off = p as usize - arena::unit_addr(d) as usize;
-                let live = if options().check { check::is_live(d, p) } else { off % size == 0 && off < (*d).a as usize };
+                let live = if options().check { check::is_live(d, p) } else { heap::is_carved_block(d, p) };
                 if !live {
                     report::bad_free(call, p, BadFree::NotABlock, size, Some((*d).class as usize));
                     return None;

@@ -218,6 +218,13 @@ extern "C" fn thread_exit(arg: *mut libc::c_void) {
     }
     // SAFETY: the exiting thread owns its heap.
     unsafe { (*heap).abandon() };
+    // SAFETY: as above.
+    if unsafe { (*heap).inbox_broken } {
+        // Retired, not abandoned: its inbox cannot be trusted (see
+        // Heap::inbox_broken), so no thread adopts it.
+        LIVE_HEAPS.fetch_sub(1, Ordering::Relaxed);
+        return;
+    }
     let locked = solo::lock();
     // SAFETY: global lock held.
     unsafe {

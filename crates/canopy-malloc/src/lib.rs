@@ -201,13 +201,8 @@ pub extern "C" fn canopy_class_size(cls: u32) -> size_t {
 /// See `canopy.h`.
 #[no_mangle]
 pub extern "C" fn canopy_alloc_class(cls: u32) -> *mut c_void {
-    match SizeClass::from_index(cls as usize) {
-        Some(c) => canopy_alloc::alloc_class(c) as *mut c_void,
-        None => {
-            canopy_sys::set_errno(libc::EINVAL);
-            ptr::null_mut()
-        }
-    }
+    // An unknown class: null with EINVAL (on the slow path).
+    canopy_alloc::alloc_class_index(cls as usize) as *mut c_void
 }
 
 /// See `canopy.h`.
@@ -216,12 +211,10 @@ pub extern "C" fn canopy_alloc_class(cls: u32) -> *mut c_void {
 /// `p` is null or a live block of class `cls`.
 #[no_mangle]
 pub unsafe extern "C" fn canopy_free_class(p: *mut c_void, cls: u32) {
-    match SizeClass::from_index(cls as usize) {
-        // SAFETY: the caller's contract.
-        Some(c) => unsafe { canopy_alloc::free_class(p as *mut u8, c) },
-        // SAFETY: an invalid class still frees the block (checked by free).
-        None => unsafe { canopy_alloc::free_from(p as *mut u8, "canopy_free_class") },
-    }
+    // SAFETY: the caller's contract; the class is checked on the slow path
+    // in check mode, and an invalid class still frees the block (checked by
+    // free).
+    unsafe { canopy_alloc::free_class_index(p as *mut u8, cls as usize) }
 }
 
 /// See `canopy.h`.
