@@ -176,6 +176,10 @@ impl GlobalState {
 
     /// Allocate `n` units aligned to `align` units.  Returns the first unit's
     /// index and whether the span reads as zero.
+    ///
+    /// The units still carry the kinds of a free span: the caller marks them
+    /// before it lets go of the lock, because `free_span` reads the kinds of
+    /// a freed span's neighbours to coalesce with them.
     pub(crate) unsafe fn alloc_span(&mut self, n: usize, align: usize) -> Option<(usize, bool)> {
         debug_assert!(align.is_power_of_two() && n > 0);
         // Bins first: first fit, a few candidates per bin.
@@ -395,7 +399,10 @@ pub(crate) fn take_page() -> Option<usize> {
     let got = unsafe {
         let g = state();
         let r = g.alloc_span(arena::PAGE_UNITS, arena::PAGE_UNITS);
-        if r.is_some() {
+        if let Some((idx, _)) = r {
+            // No longer free (see `alloc_span`); the heap gives the units
+            // their final kinds after the lock is released.
+            arena::mark_units(idx, arena::PAGE_UNITS, kind::HEAP_FREE);
             g.stats.pages_out += 1;
         }
         r

@@ -150,12 +150,15 @@ pub struct Heap {
     /// Incoming remote frees (written by other threads).
     inbox: CachePadded<MpscQueue>,
     /// The inbox can no longer be trusted: a node taken from it was not a
-    /// block in flight to this heap.  That happens when a block sent to us
-    /// was freed again here before we drained it (a double free): our free
-    /// reused the word that linked it in the inbox, so the rest of the chain
-    /// may run through our free lists or live blocks.  The inbox is not
-    /// drained again (frees still sent to it are given up, like a poisoned
-    /// slab's blocks), and the heap is retired when its thread exits.
+    /// block in flight to this heap.  Both free paths refuse a block whose
+    /// tag marks it in flight, so this takes a double free that races with
+    /// the remote free, or a free of a block reused meanwhile: the word that
+    /// linked the block in the inbox was reused, so the rest of the chain may
+    /// run through our free lists or live blocks.  The inbox is not drained
+    /// again (frees still sent to it are given up, like a poisoned slab's
+    /// blocks), and the heap is retired when its thread exits, keeping its
+    /// memory: the inbox's tail may be any block of this heap, and a late
+    /// remote free writes through it.
     pub(crate) inbox_broken: bool,
     /// Next heap in the global list of heaps.
     pub(crate) next_all: *mut Heap,
@@ -810,6 +813,10 @@ impl Heap {
         unsafe {
             self.drain_inbox();
             self.flush_remote();
+            if self.inbox_broken {
+                self.retire_keeping_memory();
+                return;
+            }
             for c in 0..SMALL_CLASSES {
                 let d = self.cur[c];
                 if d != empty_desc() {
@@ -861,6 +868,36 @@ impl Heap {
                 u = next;
             }
             self.medium.release_empty_pages(&mut self.counters);
+        }
+        self.publish();
+        self.tid = 0;
+    }
+
+    /// Give up a heap whose inbox is broken (see `inbox_broken`): its slabs
+    /// lose their owner so every free of their blocks takes the slow path
+    /// (and is sent to the dead inbox), but no slab or page goes back to the
+    /// global heap, because the inbox's tail may lie in any of them.
+    unsafe fn retire_keeping_memory(&mut self) {
+        for c in 0..SMALL_CLASSES {
+            let d = self.cur[c];
+            if d != empty_desc() {
+                self.set_current(c, empty_desc());
+                // SAFETY: owner; d was this heap's current slab.
+                unsafe {
+                    (*d).used = (*d).used.saturating_sub(1);
+                    Heap::list_push(&mut self.avail[c], d);
+                }
+            }
+            for head in [self.avail[c], self.full[c]] {
+                let mut s = head;
+                while !s.is_null() {
+                    // SAFETY: slabs of this heap, owner thread.
+                    unsafe {
+                        (*s).owner.store(0, Ordering::Relaxed);
+                        s = (*s).next;
+                    }
+                }
+            }
         }
         self.publish();
         self.tid = 0;

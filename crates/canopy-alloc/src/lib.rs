@@ -423,7 +423,8 @@ const HINT_CLASS: usize = 1 << 63;
 /// The fast path takes a block of a slab that is current or on the `avail`
 /// list of this thread's heap (`owner == thread_id()`: full, poisoned and
 /// abandoned slabs, and every slab in check mode, have `owner == 0`), checks
-/// that `p` starts a carved block, and pushes it.  Only a slab that empties
+/// that `p` starts a carved block whose tag does not mark it free or in
+/// flight, and pushes it.  Only a slab that empties
 /// (`used` reaches 0) needs the post hook.
 #[inline(always)]
 unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
@@ -440,13 +441,19 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
                 // The arena base is unit-aligned: p's low bits are its offset
                 // in the unit.  A carved block start (divisibility by the
                 // block size and the carved range, one multiply and one
-                // compare, see arena::small_divc).  A double free is caught
-                // when the block comes up for reuse or its slab empties.
+                // compare, see arena::small_divc).  A block whose tag says
+                // it is already free here (tag) or on its way to this heap's
+                // inbox (tag ^ 1) goes to the slow path, which refuses the
+                // double free: linking a block that sits in the inbox into
+                // the free list would cross the two lists.  Other double
+                // frees are caught when the block comes up for reuse or its
+                // slab empties.
                 let off = (p as usize & (UNIT - 1)) as u32;
-                if arena::is_block_start(off, (*d).divc, (*d).limit) {
-                    let b = p as *mut Block;
+                let b = p as *mut Block;
+                let tag = free_tag();
+                if arena::is_block_start(off, (*d).divc, (*d).limit) && (*b).tag ^ tag > 1 {
                     (*b).next = (*d).free;
-                    (*b).tag = free_tag();
+                    (*b).tag = tag;
                     (*d).free = b;
                     (*d).used -= 1;
                     if (*d).used == 0 {

@@ -520,6 +520,75 @@ fn double_free_patterns_never_hand_a_block_out_twice() {
 }
 
 #[test]
+fn a_block_freed_again_while_in_flight_is_refused_and_the_inbox_stays_whole() {
+    let _g = serial();
+    if options().check {
+        return; // check mode aborts on the first bad free.
+    }
+    let before = report::bad_frees();
+    // The owner frees a block again after another thread's free of it has
+    // put it in the owner's inbox.  The owner's slab is current, so this is
+    // the free fast path's case: it must not link the block a second time.
+    let r = alloc(64) as usize;
+    std::thread::spawn(move || unsafe { free(r as *mut u8) }).join().unwrap();
+    unsafe { free(r as *mut u8) };
+    assert_eq!(report::bad_frees() - before, 1, "the second free is refused at once");
+    // The inbox still works: more remote frees arrive and are reused.
+    let blocks: Vec<usize> = (0..1000).map(|_| alloc(64) as usize).collect();
+    let sent = blocks.clone();
+    std::thread::spawn(move || {
+        for p in sent {
+            unsafe { free(p as *mut u8) };
+        }
+    })
+    .join()
+    .unwrap();
+    let v = assert_distinct("after a double free of a block in flight", 64, 5000);
+    // SAFETY: our own heap, read by its owner.
+    assert!(!unsafe { (*tls_heap()).inbox_broken }, "the inbox was not damaged");
+    assert_eq!(report::bad_frees() - before, 1, "nothing else was reported");
+    check_invariants().unwrap();
+    for x in v {
+        unsafe { free(x) };
+    }
+    check_invariants().unwrap();
+}
+
+#[test]
+fn pages_taken_and_given_back_at_once_keep_the_span_bins_sound() {
+    let _g = shared();
+    // Two threads each take four 1 MiB pages of slabs and give two back per
+    // round (a heap keeps two), a third allocates and frees large chunks of
+    // one to four units: page takes race with frees of neighbouring spans.
+    let rounds = if cfg!(debug_assertions) { 40 } else { 400 };
+    let before = crate::stats::snapshot().pages_from_heaps;
+    let hs: Vec<_> = (0..3usize)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for r in 0..rounds {
+                    let v: Vec<usize> = if t == 2 {
+                        (0..8).map(|i| alloc(((i + r) % 4 + 1) * UNIT - 100) as usize).collect()
+                    } else {
+                        (0..4096).map(|_| alloc(1024) as usize).collect()
+                    };
+                    for p in v {
+                        assert!(p != 0);
+                        unsafe { free(p as *mut u8) };
+                    }
+                }
+                check_invariants().unwrap();
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let back = crate::stats::snapshot().pages_from_heaps - before;
+    assert!(back >= rounds as u64, "pages went back to the global heap ({back} in {rounds} rounds)");
+    check_invariants().unwrap();
+}
+
+#[test]
 fn large_realloc_grows_and_shrinks_in_place() {
     let _g = serial();
     let mut p = alloc(1 << 20);
