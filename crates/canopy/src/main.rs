@@ -78,7 +78,7 @@ struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
 
-    /// Where results go [default: results/ at the workspace root when run inside the Canopy repository, else ./results]
+    /// Where results go [default: results/ at the workspace root when run inside the Canopy repository, else ./results; the tour uses its tour/ subfolder]
     #[arg(long, global = true, value_name = "DIR")]
     results_dir: Option<PathBuf>,
 
@@ -93,11 +93,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Run every experiment at the quick size against the anchors, print the tables, write results/
+    /// Run every experiment at the quick size against the anchors, print the tables, write results/tour/
     #[command(
         long_about = "Run every experiment that exists (sac, sac-callgrind, workloads, region-frag, region-speed, \
-                            region-pack) at the quick size against the anchors, print their Markdown tables and write results/. Takes a minute or two; it \
-                            builds libcanopy_malloc.so and the Rust SAC binaries first if they are missing."
+                            region-pack, rc-sac, rc-kernel, rc-fft, rc-reuse, hh-suite) at the quick size against the anchors, \
+                            print their Markdown tables and write them to results/tour/ (or --results-dir), next to, not over, \
+                            the full-size results in results/ that the README cites. Takes a few minutes; it builds \
+                            libcanopy_malloc.so and the Rust SAC binaries first if they are missing."
     )]
     Tour(TourArgs),
     /// Run one experiment
@@ -664,16 +666,22 @@ fn exit_for(done: &[Finished]) -> ExitCode {
 type Step<'a> = Box<dyn Fn() -> Result<Finished> + 'a>;
 
 fn tour(cli: &Cli, a: &TourArgs) -> Result<ExitCode> {
-    let dir = results_dir(cli);
+    // Quick-size tables go beside the full-size ones, never over them.
+    let dir = cli
+        .results_dir
+        .clone()
+        .unwrap_or_else(|| report::default_results_dir().join("tour"));
     println!("# Canopy tour\n");
     println!(
         "Every experiment at the quick size, against the anchor allocators. Results go to {}.\n",
         dir.display()
     );
-    let c = common(cli, Size::Quick, a.runs, &a.contenders)?;
+    let mut c = common(cli, Size::Quick, a.runs, &a.contenders)?;
+    c.results_dir = dir.clone();
     let mut done = Vec::new();
     let mut errors = Vec::new();
-    let regc = region_common(cli, Size::Quick, a.runs);
+    let mut regc = region_common(cli, Size::Quick, a.runs);
+    regc.results_dir = dir.clone();
     
     let rcc = rc::RcCommon {
         size: Size::Quick,
