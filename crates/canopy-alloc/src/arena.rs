@@ -304,8 +304,11 @@ pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
 /// The tag a free small block carries in its second word: a per-process
 /// random odd number, so user data almost never matches it.  A block on its
 /// way to its owner (a remote free) carries `free_tag() ^ 1`.  The free fast
-/// path writes the tag but never reads the block (a read there would wait for
-/// the program's last narrow stores into it); the check happens on reuse.
+/// path reads the tag before it links the block, and refuses (through the
+/// slow path) a block tagged either way; `malloc` checks it on reuse.  The
+/// read could wait for the program's last narrow stores into the block; on
+/// the SAC kernel at X = 25 the time with and without it was the same (0.995,
+/// median of 9 interleaved runs).
 #[inline(always)]
 pub fn free_tag() -> usize {
     FREE_KEY.load(Ordering::Relaxed)
