@@ -588,6 +588,112 @@ fn pages_taken_and_given_back_at_once_keep_the_span_bins_sound() {
     check_invariants().unwrap();
 }
 
+/// A thread that frees what it is sent, one request at a time, so that its
+/// frees are remote frees (batched through its own heap) that happen before
+/// the sender's next step.
+struct Freer {
+    tx: std::sync::mpsc::Sender<Option<usize>>,
+    done: std::sync::mpsc::Receiver<()>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Freer {
+    fn new() -> Freer {
+        let (tx, rx) = std::sync::mpsc::channel::<Option<usize>>();
+        let (dtx, done) = std::sync::mpsc::channel();
+        let handle = std::thread::spawn(move || {
+            // A heap of its own, so its frees are batched, not pushed one by one.
+            unsafe { free(alloc(32)) };
+            while let Ok(Some(p)) = rx.recv() {
+                unsafe { free(p as *mut u8) };
+                dtx.send(()).unwrap();
+            }
+        });
+        Freer { tx, done, handle: Some(handle) }
+    }
+
+    fn free(&self, p: usize) {
+        self.tx.send(Some(p)).unwrap();
+        self.done.recv().unwrap();
+    }
+}
+
+impl Drop for Freer {
+    fn drop(&mut self) {
+        let _ = self.tx.send(None);
+        if let Some(h) = self.handle.take() {
+            h.join().unwrap();
+        }
+    }
+}
+
+#[test]
+fn random_local_and_remote_double_frees_are_each_refused_and_lose_nothing() {
+    let _g = serial();
+    if options().check {
+        return; // check mode aborts on the first bad free.
+    }
+    let steps = if cfg!(debug_assertions) { 3000 } else { 20000 };
+    for seed in 1..=3u32 {
+        let before = report::bad_frees();
+        let freer = Freer::new();
+        let mut rng = Rng(0x2545_f491 ^ seed.wrapping_mul(0x9e37_79b9));
+        // Live blocks: address -> (size, fill byte).
+        let mut live: std::collections::HashMap<usize, (usize, u8)> = Default::default();
+        // Freed blocks whose address no allocation has handed out since.
+        let mut freed: Vec<usize> = Vec::new();
+        let mut double_frees = 0usize;
+        let size = |rng: &mut Rng| match rng.next() % 100 {
+            0..=79 => 1 + rng.next() as usize % 512,
+            80..=97 => 513 + rng.next() as usize % 16000,
+            _ => 100_000 + rng.next() as usize % 200_000,
+        };
+        for step in 0..steps {
+            let r = rng.next() % 100;
+            if r < 40 || live.is_empty() {
+                let n = size(&mut rng);
+                let p = alloc(n) as usize;
+                assert!(p != 0);
+                assert!(!live.contains_key(&p), "seed {seed} step {step}: block {p:#x} handed out twice");
+                freed.retain(|&f| f != p);
+                let seed_byte = rng.next() as u8;
+                fill(p as *mut u8, n, seed_byte);
+                live.insert(p, (n, seed_byte));
+            } else if r < 88 {
+                let k = rng.next() as usize % live.len();
+                let p = *live.keys().nth(k).unwrap();
+                let (n, b) = live.remove(&p).unwrap();
+                assert!(verify(p as *mut u8, n, b), "seed {seed} step {step}: block {p:#x} of {n} B corrupted");
+                if r < 64 {
+                    unsafe { free(p as *mut u8) };
+                } else {
+                    freer.free(p);
+                }
+                freed.push(p);
+            } else if !freed.is_empty() {
+                let p = freed[rng.next() as usize % freed.len()];
+                double_frees += 1;
+                if r < 94 {
+                    unsafe { free(p as *mut u8) };
+                } else {
+                    freer.free(p);
+                }
+            }
+        }
+        for (&p, &(n, b)) in &live {
+            assert!(verify(p as *mut u8, n, b), "seed {seed}: block {p:#x} of {n} B corrupted");
+            unsafe { free(p as *mut u8) };
+        }
+        drop(freer);
+        assert_eq!(
+            report::bad_frees() - before,
+            double_frees,
+            "seed {seed}: every double free is refused and reported once, and nothing else is"
+        );
+        check_invariants().unwrap();
+    }
+}
+
 #[test]
 fn large_realloc_grows_and_shrinks_in_place() {
     let _g = serial();
