@@ -392,6 +392,13 @@ fn random_walk_keeps_every_byte() {
 }
 
 fn exchange_stress(threads: usize, rounds: usize, pick: fn(&mut Rng) -> usize) {
+    exchange_stress_with(threads, rounds, pick, false)
+}
+
+/// As `exchange_stress`; with `resize`, a third of the blocks are resized
+/// with `realloc` (grown or shrunk, in place or moved) before they are handed
+/// on, and a received block is sometimes resized before it is freed.
+fn exchange_stress_with(threads: usize, rounds: usize, pick: fn(&mut Rng) -> usize, resize: bool) {
     use std::sync::Mutex;
     // A slot holds (address, size, fill byte) of a block in transit.
     type Slot = Mutex<Option<(usize, usize, u8)>>;
@@ -402,16 +409,32 @@ fn exchange_stress(threads: usize, rounds: usize, pick: fn(&mut Rng) -> usize) {
             std::thread::spawn(move || {
                 let mut rng = Rng(0x9e37_79b9 ^ (t as u32 * 7919 + 1));
                 for _ in 0..rounds {
-                    let n = pick(&mut rng);
-                    let p = alloc(n);
+                    let mut n = pick(&mut rng);
+                    let mut p = alloc(n);
                     assert!(!p.is_null());
                     let seed = rng.next() as u8;
                     fill(p, n, seed);
+                    if resize && rng.next() % 3 == 0 {
+                        let m = pick(&mut rng).max(1);
+                        let q = unsafe { realloc(p, m) };
+                        assert!(!q.is_null());
+                        assert!(verify(q, n.min(m), seed), "realloc {n} -> {m} lost data");
+                        fill(q, m, seed);
+                        (p, n) = (q, m);
+                    }
                     let k = rng.next() as usize % slots.len();
                     let old = slots[k].lock().unwrap().replace((p as usize, n, seed));
                     if let Some((op, on, os)) = old {
                         assert!(verify(op as *mut u8, on, os), "block of {on} bytes corrupted in transit");
-                        unsafe { free(op as *mut u8) };
+                        let mut op = op as *mut u8;
+                        if resize && rng.next() % 4 == 0 {
+                            // A remote block resized by the thread that received it.
+                            let m = pick(&mut rng).max(1);
+                            op = unsafe { realloc(op, m) };
+                            assert!(!op.is_null());
+                            assert!(verify(op, on.min(m), os), "realloc of a received block {on} -> {m} lost data");
+                        }
+                        unsafe { free(op) };
                     }
                 }
                 check_invariants().unwrap();
@@ -451,6 +474,14 @@ fn exchange_large() {
 fn exchange_mixed() {
     let _g = shared();
     exchange_stress(4, 20_000, |r| r.pick());
+}
+
+#[test]
+fn exchange_with_realloc() {
+    let _g = shared();
+    let rounds = if cfg!(debug_assertions) { 3_000 } else { 20_000 };
+    exchange_stress_with(4, rounds, |r| r.pick(), true);
+    exchange_stress_with(3, rounds / 20, |r| 100_000 + (r.next() % 1_000_000) as usize, true);
 }
 
 #[test]
