@@ -266,15 +266,38 @@ fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
                 g.stats.large_bytes += (units * UNIT) as u64;
                 let p = arena::unit_addr(d);
                 // With huge pages asked for, a trim would split one.
-                if !zeroed && !options().huge_pages {
-                    trim_tail(g, p, size, units);
+                let trim = if !zeroed && !options().huge_pages { trim_of(size, units) } else { None };
+                if let Some((_, len)) = trim {
+                    g.stats.bytes_decommitted += len as u64;
+                    g.stats.decommits += 1;
                 }
-                (p, zeroed)
+                (p, zeroed, trim)
             }
-            None => (ptr::null_mut(), false),
+            None => (ptr::null_mut(), false, None),
         }
     };
     solo::unlock(locked);
+    // The chunk is ours: its tail is given back without holding the lock
+    // (madvise can take long, and other threads' large allocations and page
+    // takes would wait on it).
+    let r = match r {
+        (p, zeroed, Some((at, len))) => {
+            // SAFETY: the tail lies inside the chunk just allocated, past
+            // `size`: nothing lives there.
+            if unsafe { canopy_sys::decommit(p.add(at), len) }.is_err() {
+                let locked = solo::lock();
+                // SAFETY: global lock held.
+                unsafe {
+                    let g = global::state();
+                    g.stats.bytes_decommitted -= len as u64;
+                    g.stats.decommits -= 1;
+                }
+                solo::unlock(locked);
+            }
+            (p, zeroed)
+        }
+        (p, zeroed, None) => (p, zeroed),
+    };
     let h = tls_heap();
     if !r.0.is_null() && h != empty_heap() {
         // SAFETY: our own heap's counter.
@@ -284,31 +307,22 @@ fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
 }
 
 /// Tails at least this long (and at least a quarter of their span) are
-/// trimmed by [`trim_tail`].
+/// trimmed (see [`trim_of`]).
 const TRIM_MIN: usize = 16 << 10;
 
 /// A large chunk of `size` bytes got a reused span of `units` units, whose
 /// pages past `size` may still be in memory (an earlier, longer chunk touched
-/// them): give a long enough tail back to the OS, so that a chunk costs the
-/// memory it asked for, not its span's. Chunks from fresh or decommitted
-/// spans need nothing (untouched pages take no memory). Growing the chunk in
-/// place later is unaffected: the trimmed pages read as zero when touched.
-///
-/// # Safety
-/// The global lock is held (or the solo thread runs); `p` is the span's
-/// first byte and the span is this chunk's.
-unsafe fn trim_tail(g: &mut global::GlobalState, p: *mut u8, size: usize, units: usize) {
+/// them): a long enough tail is given back to the OS, so that a chunk costs
+/// the memory it asked for, not its span's.  Returns the tail to decommit
+/// (offset from the chunk's start, length), if any.  Chunks from fresh or
+/// decommitted spans need nothing (untouched pages take no memory).  Growing
+/// the chunk in place later is unaffected: the trimmed pages read as zero
+/// when touched.
+fn trim_of(size: usize, units: usize) -> Option<(usize, usize)> {
     let span = units << UNIT_SHIFT;
     let used = size.next_multiple_of(canopy_sys::page_size());
     let tail = span.saturating_sub(used);
-    if tail >= TRIM_MIN && tail * 4 >= span {
-        // SAFETY: the tail lies inside the span, which is ours and holds no
-        // live data past `size`.
-        if unsafe { canopy_sys::decommit(p.add(used), tail) }.is_ok() {
-            g.stats.bytes_decommitted += tail as u64;
-            g.stats.decommits += 1;
-        }
-    }
+    (tail >= TRIM_MIN && tail * 4 >= span).then_some((used, tail))
 }
 
 /// Allocate `size` zeroed bytes.
