@@ -27,9 +27,14 @@ pub(crate) fn init() -> bool {
 /// heap's first fields (the size-indexed current slabs, `direct[g]` at
 /// `8 * g`) right after the program's and `free`'s stores into blocks; a
 /// block at the same offset modulo 4 KiB makes those loads wait (4K
-/// aliasing).  Every slab's first blocks, the ones LIFO reuse keeps hot, sit
-/// at the lowest page offsets, so heaps start in the middle of a page.
-const HEAP_PAGE_OFFSET: usize = 2048;
+/// aliasing).  Every slab's first block, the one LIFO reuse keeps hot, sits
+/// at page offset 0, and `free` has just stored its first two words.  From
+/// 1920, the entries of the small sizes sit at 1928..2048, and the one entry
+/// that wraps onto page offset 0 is granule 272 (sizes 4337..4352 bytes), not
+/// a common size like 4096 (granule 256, which a start at 2048 would put
+/// there).  A multiple of 128, the heap's alignment.
+const HEAP_PAGE_OFFSET: usize = 1920;
+const _: () = assert!(HEAP_PAGE_OFFSET % core::mem::align_of::<Heap>() == 0);
 
 /// Room for one heap, or null when the area is exhausted.
 pub(crate) fn alloc_heap() -> *mut Heap {
