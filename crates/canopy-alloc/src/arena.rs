@@ -75,6 +75,10 @@ pub const FLAG_POISONED: u8 = 2;
 pub const SPAN_COMMITTED: u8 = 1;
 /// Span flag: the span is known to read as zero.
 pub const SPAN_ZEROED: u8 = 2;
+/// Large chunk flag: when the chunk was handed out, its pages past its
+/// requested size held no memory (a fresh or decommitted span, or a tail
+/// just trimmed); cleared when the chunk is resized in place.
+pub const LARGE_TAIL_CLEAN: u8 = 4;
 
 /// A free small block: its first word links the free list (or the remote
 /// queue); its second word holds [`free_tag`] while it is on a free list
@@ -130,9 +134,12 @@ pub struct Desc {
     /// First unit of a heap page: how many of its units are `HEAP_FREE`.
     pub page_free: u8,
     /// SMALL: the multiplier of the block-start test (see [`small_divc`]).
+    /// FREE_SPAN: first page (from the span's start) of a range known to
+    /// hold no memory; FREE_BODY: 0.
     pub divc: u32,
     /// SMALL: the bound of the block-start test: carved blocks times
     /// `size * divc mod 2^32` (see [`is_block_start`]); kept by `carve`.
+    /// FREE_SPAN: end page of that clean range (0: none known); FREE_BODY: 0.
     pub limit: u32,
     /// SMALL, MEDIUM, HEAP_FREE: the owning heap.
     pub heap: AtomicPtr<Heap>,

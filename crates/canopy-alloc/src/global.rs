@@ -128,7 +128,15 @@ impl GlobalState {
         debug_assert!(n > 0);
         // SAFETY: idx..idx+n are arena units owned by the global heap.
         unsafe {
-            arena::mark_units(idx, n, kind::FREE_BODY);
+            // Body units, and the head until a caller says otherwise, carry
+            // no clean-range hint (see `clean_hint`).
+            for i in idx..idx + n {
+                let d = &mut *desc(i);
+                d.owner.store(0, core::sync::atomic::Ordering::Relaxed);
+                d.kind = kind::FREE_BODY;
+                d.divc = 0;
+                d.limit = 0;
+            }
             let first = desc(idx);
             (*first).kind = kind::FREE_SPAN;
             (*first).a = n as u32;
@@ -256,9 +264,36 @@ impl GlobalState {
         true
     }
 
+    /// The clean-range hint of the unit `idx` that `alloc_span` just handed
+    /// out: `(from, to)` in pages from `idx` known to hold no memory, or
+    /// `(0, 0)`.  Only a span head carries one (body units and fresh units
+    /// read `(0, 0)`), so a chunk cut from the middle of a span gets none.
+    /// Read it before the unit's descriptor is rewritten.
+    pub(crate) unsafe fn clean_hint(idx: usize) -> (u32, u32) {
+        // SAFETY: idx is an arena unit (caller's contract).
+        unsafe { ((*desc(idx)).divc, (*desc(idx)).limit) }
+    }
+
+    /// Give back `n` units from `idx` like `free_span`, with the knowledge
+    /// that pages `from..to` (counted from `idx`) hold no memory.  The hint
+    /// is kept when `idx` stays the head of its free span (no free span
+    /// before it) and the span stays committed.
+    pub(crate) unsafe fn free_span_clean(&mut self, idx: usize, n: usize, retain_bytes: usize, from: u32, to: u32) {
+        // SAFETY: forwarded (caller's contract).
+        unsafe {
+            let head = self.free_span(idx, n, true, retain_bytes);
+            let d = desc(idx);
+            if head == idx && (*d).kind == kind::FREE_SPAN && (*d).flags & SPAN_COMMITTED != 0 && from < to {
+                (*d).divc = from;
+                (*d).limit = to;
+            }
+        }
+    }
+
     /// Give back `n` units from `idx`, coalescing with free neighbours, then
-    /// apply the decommit policy.
-    pub(crate) unsafe fn free_span(&mut self, idx: usize, n: usize, committed: bool, retain_bytes: usize) {
+    /// apply the decommit policy.  Returns the first unit of the free span
+    /// the units ended up in.
+    pub(crate) unsafe fn free_span(&mut self, idx: usize, n: usize, committed: bool, retain_bytes: usize) -> usize {
         let mut start = idx;
         let mut len = n;
         let mut flags = if committed { SPAN_COMMITTED } else { SPAN_ZEROED };
@@ -302,6 +337,7 @@ impl GlobalState {
             // SAFETY: we hold the lock (caller's contract).
             unsafe { self.decommit_down_to(retain_bytes / 2) };
         }
+        start
     }
 
     /// Decommit free spans, largest bins first, until at most `keep` bytes of

@@ -256,21 +256,33 @@ fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
         let g = global::state();
         match g.alloc_span(units, align_units) {
             Some((idx, zeroed)) => {
+                let (clean_from, clean_to) = global::GlobalState::clean_hint(idx);
                 arena::mark_units(idx, units, kind::LARGE_BODY);
                 let d = desc(idx);
                 (*d).kind = kind::LARGE;
                 (*d).a = units as u32;
                 (*d).b = size.min(u32::MAX as usize) as u32;
-                (*d).flags = 0;
                 g.stats.large_allocs += 1;
                 g.stats.large_bytes += (units * UNIT) as u64;
                 let p = arena::unit_addr(d);
-                // With huge pages asked for, a trim would split one.
-                let trim = if !zeroed && !options().huge_pages { trim_of(size, units) } else { None };
+                // With huge pages asked for, a trim would split one.  A tail
+                // the span's hint says is already clean (the last chunk here
+                // was as short, and its own tail was clean) needs no madvise.
+                let page = canopy_sys::page_size();
+                let tail = if options().huge_pages { None } else { trim_of(size, units) };
+                let trim = match tail {
+                    Some((at, len)) if !zeroed => {
+                        let clean = clean_from as usize * page <= at && clean_to as usize * page >= at + len;
+                        (!clean).then_some((at, len))
+                    }
+                    _ => None,
+                };
                 if let Some((_, len)) = trim {
                     g.stats.bytes_decommitted += len as u64;
                     g.stats.decommits += 1;
                 }
+                // Zeroed, trimmed, or known clean: the tail holds no memory.
+                (*d).flags = if zeroed || tail.is_some() { arena::LARGE_TAIL_CLEAN } else { 0 };
                 (p, zeroed, trim)
             }
             None => (ptr::null_mut(), false, None),
@@ -686,7 +698,19 @@ unsafe fn free_large(d: *mut Desc, p: *mut u8, call: &'static str) {
             let g = global::state();
             g.stats.large_frees += 1;
             g.stats.large_bytes -= (units * UNIT) as u64;
-            g.free_span(desc_index(d), units, true, retain);
+            let size = (*d).b as usize;
+            if (*d).flags & arena::LARGE_TAIL_CLEAN != 0 && size < u32::MAX as usize {
+                // Pages past the requested size were clean when the chunk was
+                // handed out; unless the program wrote past its request (into
+                // what `usable_size` allows), they still are.  A wrong hint
+                // only skips a trim: memory stays resident, nothing breaks.
+                let page = canopy_sys::page_size();
+                let from = size.next_multiple_of(page) / page;
+                let to = units * UNIT / page;
+                g.free_span_clean(desc_index(d), units, retain, from as u32, to as u32);
+            } else {
+                g.free_span(desc_index(d), units, true, retain);
+            }
             true
         } else {
             false
@@ -819,20 +843,24 @@ unsafe fn resize_large_in_place(p: *mut u8, new_size: usize) -> bool {
         let g = global::state();
         if (*d).kind != kind::LARGE {
             false
-        } else if new_units > old_units {
-            let ok = g.grow_in_place(idx, old_units, new_units);
-            if ok {
-                (*d).a = new_units as u32;
-                g.stats.large_bytes += ((new_units - old_units) * UNIT) as u64;
-            }
-            ok
-        } else if new_units < old_units {
-            (*d).a = new_units as u32;
-            g.stats.large_bytes -= ((old_units - new_units) * UNIT) as u64;
-            g.free_span(idx + new_units, old_units - new_units, true, retain);
-            true
         } else {
-            true
+            // The requested size in `b` no longer describes the chunk.
+            (*d).flags &= !arena::LARGE_TAIL_CLEAN;
+            if new_units > old_units {
+                let ok = g.grow_in_place(idx, old_units, new_units);
+                if ok {
+                    (*d).a = new_units as u32;
+                    g.stats.large_bytes += ((new_units - old_units) * UNIT) as u64;
+                }
+                ok
+            } else if new_units < old_units {
+                (*d).a = new_units as u32;
+                g.stats.large_bytes -= ((old_units - new_units) * UNIT) as u64;
+                g.free_span(idx + new_units, old_units - new_units, true, retain);
+                true
+            } else {
+                true
+            }
         }
     };
     solo::unlock(locked);

@@ -933,3 +933,44 @@ fn a_reused_span_keeps_in_memory_only_what_the_new_chunk_asked_for() {
     }
     check_invariants().unwrap();
 }
+
+#[test]
+fn a_span_whose_tail_is_known_clean_is_not_trimmed_again() {
+    let _g = serial();
+    if options().huge_pages {
+        return; // no trims at all with huge pages
+    }
+    let page = canopy_sys::page_size();
+    let ask: usize = 20 << 10;
+    let tail_from = ask.next_multiple_of(page);
+    // A committed span with no hint: a whole unit touched, then freed.
+    let full = alloc_aligned(UNIT, UNIT);
+    assert!(!full.is_null());
+    fill(full, UNIT, 3);
+    unsafe { free(full) };
+    let decommits = || {
+        let locked = solo::lock();
+        // SAFETY: global lock held.
+        let n = unsafe { global::state().stats.decommits };
+        solo::unlock(locked);
+        n
+    };
+    // The same short chunk allocated and freed over and over (canopy-hh's
+    // large objects do this): the first may trim its span's tail; after
+    // that the span's hint says the tail is clean, and no madvise is needed.
+    let before = decommits();
+    let rounds = 200;
+    for round in 0..rounds {
+        let p = alloc_aligned(ask, UNIT);
+        assert!(!p.is_null());
+        // SAFETY: only the chunk's own unit is inspected.
+        let tail = unsafe { p.add(tail_from) };
+        assert_eq!(resident_pages(tail, UNIT - tail_from), 0, "round {round}: tail of {p:p} is in memory");
+        fill(p, ask, round as u8);
+        assert!(verify(p, ask, round as u8));
+        unsafe { free(p) };
+    }
+    let trims = decommits() - before;
+    assert!(trims <= 4, "{trims} trims in {rounds} rounds of the same short chunk");
+    check_invariants().unwrap();
+}
