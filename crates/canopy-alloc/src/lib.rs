@@ -705,7 +705,7 @@ unsafe fn free_large(d: *mut Desc, p: *mut u8, call: &'static str) {
                 // what `usable_size` allows), they still are.  A wrong hint
                 // only skips a trim: memory stays resident, nothing breaks.
                 let page = canopy_sys::page_size();
-                let from = size.next_multiple_of(page) / page;
+                let from = size.div_ceil(page);
                 let to = units * UNIT / page;
                 g.free_span_clean(desc_index(d), units, retain, from as u32, to as u32);
             } else {
