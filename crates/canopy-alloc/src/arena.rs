@@ -134,12 +134,11 @@ pub struct Desc {
     /// First unit of a heap page: how many of its units are `HEAP_FREE`.
     pub page_free: u8,
     /// SMALL: the multiplier of the block-start test (see [`small_divc`]).
-    /// FREE_SPAN: first page (from the span's start) of a range known to
-    /// hold no memory; FREE_BODY: 0.
     pub divc: u32,
     /// SMALL: the bound of the block-start test: carved blocks times
     /// `size * divc mod 2^32` (see [`is_block_start`]); kept by `carve`.
-    /// FREE_SPAN: end page of that clean range (0: none known); FREE_BODY: 0.
+    /// FREE_SPAN, FREE_BODY: the unit's clean mark (see
+    /// `GlobalState::free_span`).
     pub limit: u32,
     /// SMALL, MEDIUM, HEAP_FREE: the owning heap.
     pub heap: AtomicPtr<Heap>,

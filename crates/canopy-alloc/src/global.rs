@@ -128,15 +128,7 @@ impl GlobalState {
         debug_assert!(n > 0);
         // SAFETY: idx..idx+n are arena units owned by the global heap.
         unsafe {
-            // Body units, and the head until a caller says otherwise, carry
-            // no clean-range hint (see `clean_hint`).
-            for i in idx..idx + n {
-                let d = &mut *desc(i);
-                d.owner.store(0, core::sync::atomic::Ordering::Relaxed);
-                d.kind = kind::FREE_BODY;
-                d.divc = 0;
-                d.limit = 0;
-            }
+            arena::mark_units(idx, n, kind::FREE_BODY);
             let first = desc(idx);
             (*first).kind = kind::FREE_SPAN;
             (*first).a = n as u32;
@@ -264,36 +256,33 @@ impl GlobalState {
         true
     }
 
-    /// The clean-range hint of the unit `idx` that `alloc_span` just handed
-    /// out: `(from, to)` in pages from `idx` known to hold no memory, or
-    /// `(0, 0)`.  Only a span head carries one (body units and fresh units
-    /// read `(0, 0)`), so a chunk cut from the middle of a span gets none.
-    /// Read it before the unit's descriptor is rewritten.
-    pub(crate) unsafe fn clean_hint(idx: usize) -> (u32, u32) {
-        // SAFETY: idx is an arena unit (caller's contract).
-        unsafe { ((*desc(idx)).divc, (*desc(idx)).limit) }
-    }
-
-    /// Give back `n` units from `idx` like `free_span`, with the knowledge
-    /// that pages `from..to` (counted from `idx`) hold no memory.  The hint
-    /// is kept when `idx` stays the head of its free span (no free span
-    /// before it) and the span stays committed.
-    pub(crate) unsafe fn free_span_clean(&mut self, idx: usize, n: usize, retain_bytes: usize, from: u32, to: u32) {
-        // SAFETY: forwarded (caller's contract).
-        unsafe {
-            let head = self.free_span(idx, n, true, retain_bytes);
-            let d = desc(idx);
-            if head == idx && (*d).kind == kind::FREE_SPAN && (*d).flags & SPAN_COMMITTED != 0 && from < to {
-                (*d).divc = from;
-                (*d).limit = to;
-            }
-        }
+    /// Whether bytes `from..to` of the units starting at `idx` are known to
+    /// hold no memory, by the units' clean marks (see `free_span`).  For the
+    /// units `alloc_span` just handed out, before their new owner reuses the
+    /// descriptors' `limit`.
+    pub(crate) unsafe fn known_clean(idx: usize, from: usize, to: usize) -> bool {
+        (from / UNIT..to.div_ceil(UNIT)).all(|k| {
+            // SAFETY: the units are arena units (caller's contract).
+            let mark = unsafe { (*desc(idx + k)).limit } as usize;
+            mark <= from.saturating_sub(k * UNIT)
+        })
     }
 
     /// Give back `n` units from `idx`, coalescing with free neighbours, then
-    /// apply the decommit policy.  Returns the first unit of the free span
-    /// the units ended up in.
-    pub(crate) unsafe fn free_span(&mut self, idx: usize, n: usize, committed: bool, retain_bytes: usize) -> usize {
+    /// apply the decommit policy.  `clean_from`: the units hold no memory
+    /// from this byte offset on (None: nothing known).
+    ///
+    /// Every unit of a free span carries a *clean mark* in its descriptor's
+    /// `limit`: the byte offset in the unit from which its pages are known to
+    /// hold no memory (`UNIT`: none known; 0: all clean, as for units never
+    /// handed out).  Marks survive splitting and coalescing, so a short large
+    /// chunk cut from a span can skip trimming a tail that is already clean.
+    pub(crate) unsafe fn free_span(&mut self, idx: usize, n: usize, committed: bool, retain_bytes: usize, clean_from: Option<usize>) {
+        for k in 0..n {
+            let mark = clean_from.map_or(UNIT, |c| c.saturating_sub(k * UNIT).min(UNIT));
+            // SAFETY: the units are ours to give back (caller's contract).
+            unsafe { (*desc(idx + k)).limit = mark as u32 };
+        }
         let mut start = idx;
         let mut len = n;
         let mut flags = if committed { SPAN_COMMITTED } else { SPAN_ZEROED };
@@ -337,7 +326,6 @@ impl GlobalState {
             // SAFETY: we hold the lock (caller's contract).
             unsafe { self.decommit_down_to(retain_bytes / 2) };
         }
-        start
     }
 
     /// Decommit free spans, largest bins first, until at most `keep` bytes of
@@ -356,6 +344,10 @@ impl GlobalState {
                         let addr = arena::unit_addr(d);
                         if canopy_sys::decommit(addr, n << UNIT_SHIFT).is_ok() {
                             (*d).flags = SPAN_ZEROED;
+                            let s = desc_index(d);
+                            for k in s..s + n {
+                                (*desc(k)).limit = 0;
+                            }
                             self.free_committed_units -= n;
                             self.stats.bytes_decommitted += (n << UNIT_SHIFT) as u64;
                             self.stats.decommits += 1;
@@ -400,6 +392,9 @@ impl GlobalState {
                         if (*desc(i)).kind != kind::FREE_BODY {
                             return Err("a free span's body unit has another kind");
                         }
+                    }
+                    if (s..s + n).any(|i| (*desc(i)).limit as usize > UNIT) {
+                        return Err("a free unit's clean mark lies past the unit");
                     }
                     if n > 1 && (*desc(s + n - 1)).next != d {
                         return Err("a free span's last unit does not point at its head");

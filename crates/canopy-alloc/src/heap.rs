@@ -1023,7 +1023,7 @@ pub(crate) fn give_span_back(idx: usize, units: usize, committed: bool) {
     unsafe {
         let g = global::state();
         g.stats.pages_back += (units == PAGE_UNITS) as u64;
-        g.free_span(idx, units, committed, retain);
+        g.free_span(idx, units, committed, retain, None);
     }
     crate::solo::unlock(locked);
 }

@@ -103,7 +103,7 @@ pub unsafe fn return_pages(p: NonNull<u8>, pages: usize) -> Result<(), LendError
             let units = (*d).a as usize;
             let g = global::state();
             g.stats.lent_units -= units as u64;
-            g.free_span(idx, units, true, retain);
+            g.free_span(idx, units, true, retain, None);
             Ok(())
         }
     };

@@ -256,7 +256,9 @@ fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
         let g = global::state();
         match g.alloc_span(units, align_units) {
             Some((idx, zeroed)) => {
-                let (clean_from, clean_to) = global::GlobalState::clean_hint(idx);
+                // Read the clean marks before anything reuses the descriptors.
+                let used = size.next_multiple_of(canopy_sys::page_size());
+                let clean_tail = zeroed || global::GlobalState::known_clean(idx, used, units * UNIT);
                 arena::mark_units(idx, units, kind::LARGE_BODY);
                 let d = desc(idx);
                 (*d).kind = kind::LARGE;
@@ -268,21 +270,15 @@ fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
                 // With huge pages asked for, a trim would split one.  A tail
                 // the span's hint says is already clean (the last chunk here
                 // was as short, and its own tail was clean) needs no madvise.
-                let page = canopy_sys::page_size();
                 let tail = if options().huge_pages { None } else { trim_of(size, units) };
-                let trim = match tail {
-                    Some((at, len)) if !zeroed => {
-                        let clean = clean_from as usize * page <= at && clean_to as usize * page >= at + len;
-                        (!clean).then_some((at, len))
-                    }
-                    _ => None,
-                };
+                let trim = tail.filter(|_| !clean_tail);
                 if let Some((_, len)) = trim {
                     g.stats.bytes_decommitted += len as u64;
                     g.stats.decommits += 1;
                 }
-                // Zeroed, trimmed, or known clean: the tail holds no memory.
-                (*d).flags = if zeroed || tail.is_some() { arena::LARGE_TAIL_CLEAN } else { 0 };
+                // Zeroed, known clean, or about to be trimmed: the tail holds
+                // no memory.
+                (*d).flags = if clean_tail || trim.is_some() { arena::LARGE_TAIL_CLEAN } else { 0 };
                 (p, zeroed, trim)
             }
             None => (ptr::null_mut(), false, None),
@@ -699,18 +695,13 @@ unsafe fn free_large(d: *mut Desc, p: *mut u8, call: &'static str) {
             g.stats.large_frees += 1;
             g.stats.large_bytes -= (units * UNIT) as u64;
             let size = (*d).b as usize;
-            if (*d).flags & arena::LARGE_TAIL_CLEAN != 0 && size < u32::MAX as usize {
-                // Pages past the requested size were clean when the chunk was
-                // handed out; unless the program wrote past its request (into
-                // what `usable_size` allows), they still are.  A wrong hint
-                // only skips a trim: memory stays resident, nothing breaks.
-                let page = canopy_sys::page_size();
-                let from = size.div_ceil(page);
-                let to = units * UNIT / page;
-                g.free_span_clean(desc_index(d), units, retain, from as u32, to as u32);
-            } else {
-                g.free_span(desc_index(d), units, true, retain);
-            }
+            // Pages past the requested size were clean when the chunk was
+            // handed out; unless the program wrote past its request (into
+            // what `usable_size` allows), they still are.  A wrong mark only
+            // skips a trim later: memory stays resident, nothing breaks.
+            let clean_from = ((*d).flags & arena::LARGE_TAIL_CLEAN != 0 && size < u32::MAX as usize)
+                .then(|| size.next_multiple_of(canopy_sys::page_size()));
+            g.free_span(desc_index(d), units, true, retain, clean_from);
             true
         } else {
             false
@@ -856,7 +847,7 @@ unsafe fn resize_large_in_place(p: *mut u8, new_size: usize) -> bool {
             } else if new_units < old_units {
                 (*d).a = new_units as u32;
                 g.stats.large_bytes -= ((old_units - new_units) * UNIT) as u64;
-                g.free_span(idx + new_units, old_units - new_units, true, retain);
+                g.free_span(idx + new_units, old_units - new_units, true, retain, None);
                 true
             } else {
                 true
