@@ -856,12 +856,14 @@ fn a_block_sent_home_and_freed_again_does_not_derail_the_inbox() {
     let before = report::bad_frees();
     let blocks: Vec<usize> = (0..64).map(|_| alloc(64) as usize).collect();
     let r = blocks[0];
-    // Another thread frees r (sent to us); then we free it again: our free
-    // list reuses the word that links r in the inbox.
+    // Another thread frees r (sent to us); then we free it again.  The free
+    // is refused (r's tag says it is in flight); before the fast path read
+    // the tag, our free list reused the word that links r in the inbox, and
+    // this test checked that draining stopped at r.
     std::thread::spawn(move || unsafe { free(r as *mut u8) }).join().unwrap();
     unsafe { free(r as *mut u8) };
-    // r comes back to the program, which writes a pointer to a live block
-    // where the inbox link was.
+    // A block comes back to the program, which writes a pointer to a live
+    // block into its first word (where an inbox link would be).
     let q = alloc(64);
     unsafe { *(q as *mut usize) = blocks[1] };
     // More frees come home from another thread.
@@ -873,7 +875,7 @@ fn a_block_sent_home_and_freed_again_does_not_derail_the_inbox() {
     })
     .join()
     .unwrap();
-    // Draining must stop at r and never follow its link into live blocks.
+    // Draining never follows a link into live blocks.
     let v = assert_distinct("after a derailed inbox", 64, 5000);
     assert!(report::bad_frees() > before, "the double free is reported");
     check_invariants().unwrap();
