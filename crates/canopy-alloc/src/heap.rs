@@ -156,9 +156,10 @@ pub struct Heap {
     /// linked the block in the inbox was reused, so the rest of the chain may
     /// run through our free lists or live blocks.  The inbox is not drained
     /// again (frees still sent to it are given up, like a poisoned slab's
-    /// blocks), and the heap is retired when its thread exits, keeping its
-    /// memory: the inbox's tail may be any block of this heap, and a late
-    /// remote free writes through it.
+    /// blocks), no page of the heap goes back to the global heap from then
+    /// on, and the heap is retired when its thread exits, keeping its memory:
+    /// the inbox's tail may be any block of this heap, and a late remote free
+    /// writes through it.
     pub(crate) inbox_broken: bool,
     /// Next heap in the global list of heaps.
     pub(crate) next_all: *mut Heap,
@@ -549,7 +550,7 @@ impl Heap {
             (*page_first).page_free += 1;
             if (*page_first).page_free as usize == PAGE_UNITS {
                 self.free_pages += 1;
-                if self.free_pages > crate::options().heap_retain_pages {
+                if self.free_pages > crate::options().heap_retain_pages && !self.inbox_broken {
                     self.return_page(first_idx);
                 }
             }
@@ -701,8 +702,10 @@ impl Heap {
             // node before it was a block in flight to us).
             if !unsafe { self.free_owned(n as *mut u8) } {
                 // Its link to the next node is not to be followed (see
-                // `inbox_broken`).
+                // `inbox_broken`).  From now on no page of this heap goes
+                // back to the global heap: the inbox's tail may lie in any.
                 self.inbox_broken = true;
+                self.medium.keep_pages = true;
                 return;
             }
         }

@@ -57,6 +57,9 @@ pub(crate) struct Medium {
     pub pages: usize,
     /// Live chunks per medium class (by requested class).
     live: [u64; MEDIUM_CLASSES],
+    /// Never give a page back (the heap's inbox broke: see
+    /// `Heap::inbox_broken`); empty pages stay for reuse by this heap.
+    pub(crate) keep_pages: bool,
 }
 
 #[inline]
@@ -79,7 +82,7 @@ fn bin_of(q: usize) -> Option<usize> {
 
 impl Medium {
     pub(crate) const fn new() -> Medium {
-        Medium { bins: [ptr::null_mut(); MEDIUM_CLASSES], page_list: ptr::null_mut(), current: ptr::null_mut(), pages: 0, live: [0; MEDIUM_CLASSES] }
+        Medium { bins: [ptr::null_mut(); MEDIUM_CLASSES], page_list: ptr::null_mut(), current: ptr::null_mut(), pages: 0, live: [0; MEDIUM_CLASSES], keep_pages: false }
     }
 
     pub(crate) fn live_per_class(&self) -> [u64; MEDIUM_CLASSES] {
@@ -310,6 +313,9 @@ impl Medium {
 
     /// Unbin every chunk of an empty page and give the page back.
     unsafe fn release_page(&mut self, counters: &mut HeapCounters, page: *mut Desc) {
+        if self.keep_pages {
+            return;
+        }
         // SAFETY: every chunk of the page is free and ours.
         unsafe {
             let base = arena::unit_addr(page);

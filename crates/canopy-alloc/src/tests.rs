@@ -889,6 +889,76 @@ fn a_block_sent_home_and_freed_again_does_not_derail_the_inbox() {
     check_invariants().unwrap();
 }
 
+#[test]
+fn a_heap_whose_inbox_broke_is_retired_with_its_memory() {
+    let _g = serial();
+    if options().check {
+        return; // check mode aborts at the second free
+    }
+    let before = report::bad_frees();
+    // The owner thread: a block of its heap is freed by another thread (so
+    // it sits in the owner's inbox), and the owner frees it again as if its
+    // free had raced ahead of the other thread's (the tag check passed before
+    // the in-flight tag landed).  Sequential double frees are refused, so the
+    // race is simulated by clearing the tag.
+    let kept: usize = std::thread::spawn(|| {
+        let blocks: Vec<usize> = (0..64).map(|_| alloc(64) as usize).collect();
+        // Blocks of other classes, in other slabs (some on a second page);
+        // the last one outlives this thread.
+        let others: Vec<usize> = (0..24).map(|c| alloc_class_index(4 + c) as usize).collect();
+        let r = blocks[0];
+        std::thread::spawn(move || unsafe { free(r as *mut u8) }).join().unwrap();
+        // SAFETY: r is a block of this heap, in flight to it; clearing its
+        // tag stands in for the racing free described above.
+        unsafe {
+            (*(r as *mut arena::Block)).tag = 0;
+            free(r as *mut u8);
+        }
+        // The drain finds r no longer in flight: the inbox is given up.
+        collect();
+        // SAFETY: our own heap, read by its owner.
+        assert!(unsafe { (*tls_heap()).inbox_broken }, "the crossed inbox was noticed");
+        // Everything but one block is freed here: slabs empty, pages free up.
+        for &p in blocks[1..].iter().chain(&others[..others.len() - 1]) {
+            unsafe { free(p as *mut u8) };
+        }
+        others[others.len() - 1]
+    })
+    .join()
+    .unwrap();
+    // The owner has exited: its heap is retired, not abandoned, and keeps
+    // all its pages.  Fill memory with live blocks of our own, then free the
+    // owner's last block: it goes to the dead inbox, and the write through
+    // the inbox's stale tail must land in the retired heap's memory, not in
+    // any of ours.
+    let mine: Vec<usize> = (0..40_000).map(|_| alloc(64) as usize).collect();
+    for (i, &p) in mine.iter().enumerate() {
+        fill(p as *mut u8, 64, i as u8);
+    }
+    unsafe { free(kept as *mut u8) };
+    collect();
+    for (i, &p) in mine.iter().enumerate() {
+        assert!(verify(p as *mut u8, 64, i as u8), "block {p:#x} was written by a free to the retired heap");
+    }
+    // No new thread adopts the retired heap.
+    let adopted_broken = std::thread::spawn(|| {
+        let p = alloc(64);
+        // SAFETY: our own heap, read by its owner.
+        let broken = unsafe { (*tls_heap()).inbox_broken };
+        unsafe { free(p) };
+        broken
+    })
+    .join()
+    .unwrap();
+    assert!(!adopted_broken, "a retired heap was adopted");
+    assert!(report::bad_frees() > before, "the crossed inbox is reported");
+    check_invariants().unwrap();
+    for p in mine {
+        unsafe { free(p as *mut u8) };
+    }
+    check_invariants().unwrap();
+}
+
 /// Pages of `[p, p + len)` in memory (mincore; `p` page aligned).
 fn resident_pages(p: *mut u8, len: usize) -> usize {
     let page = canopy_sys::page_size();
