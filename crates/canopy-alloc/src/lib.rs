@@ -268,8 +268,8 @@ fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
                 g.stats.large_bytes += (units * UNIT) as u64;
                 let p = arena::unit_addr(d);
                 // With huge pages asked for, a trim would split one.  A tail
-                // the span's hint says is already clean (the last chunk here
-                // was as short, and its own tail was clean) needs no madvise.
+                // the units' clean marks say holds no memory (see
+                // `GlobalState::free_span`) needs no madvise.
                 let tail = if options().huge_pages { None } else { trim_of(size, units) };
                 let trim = tail.filter(|_| !clean_tail);
                 if let Some((_, len)) = trim {
