@@ -20,6 +20,8 @@ CANOPY_CHECK=0 cargo test -p canopy-alloc --features check-full
 
 echo "== tests: the allocator, release build"
 cargo test --release -p canopy-alloc
+echo "== the allocator's example runs"
+cargo run --release -q -p canopy-alloc --example tour > /dev/null
 
 echo "== model checking: loom models of the lock-free protocols"
 scripts/loom.sh
