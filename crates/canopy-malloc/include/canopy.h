@@ -100,8 +100,9 @@ size_t canopy_collect(void);
  * A region is a pool of objects freed together.  Regions form a tree under
  * the root, which always exists.  Freeing a region frees its objects and all
  * its descendant regions, in time proportional to their slabs, not their
- * objects.  Each region is a slab pool of its own (64-byte slot granule,
- * 4 KiB slabs, 1 MiB pages; CANOPY_REGION_* variables change them), and its
+ * objects.  Each region is a slab pool of its own (slots of 16, 32 and 48
+ * bytes below 64 and of 64-byte multiples from there, 4 KiB slabs, 1 MiB
+ * pages; CANOPY_REGION_* variables change them), and its
  * metadata lives apart from its memory, so canopy_region_pack describes a
  * region tree as a few (address, length) runs.
  *
@@ -136,8 +137,9 @@ canopy_rid_t canopy_ralloc(canopy_rid_t parent, int level_hint);
  * (the root cannot be freed). */
 int canopy_rfree(canopy_rid_t region);
 
-/* Allocate `size` bytes in `region` (64-byte aligned; objects larger than a
- * slab are slab aligned).  NULL on error. */
+/* Allocate `size` bytes in `region`: aligned to the largest power of two
+ * dividing the slot size (16 bytes at least, 64 for objects of 64 bytes and
+ * more); objects larger than a slab are slab aligned.  NULL on error. */
 void *canopy_region_alloc(size_t size, canopy_rid_t region);
 
 /* Free one region object.  NULL is ignored.  0, or -1 on error. */

@@ -93,7 +93,7 @@ pub(crate) struct Slab {
     /// SPAN: slabs in the object; BODY: the head's index; otherwise 0.
     /// (A slab of slots counts its live objects from its bitmap.)
     pub(crate) span: u32,
-    /// Slot size in granules (PARTIAL, FULL).
+    /// Slot size class (PARTIAL, FULL; see `RegionAllocator::tiny`), 0 otherwise.
     pub(crate) class: u16,
     pub(crate) state: u8,
 }
@@ -142,6 +142,8 @@ pub(crate) struct ClassInfo {
     pub(crate) last_full: u64,
     /// Slots per slab.
     pub(crate) slots: u32,
+    /// The slot size in bytes (0 for class 0).
+    pub(crate) size: u32,
 }
 
 /// One region: its place in the tree and its slab pool.
@@ -156,7 +158,7 @@ pub(crate) struct Region {
     pub(crate) children: u32,
     pub(crate) level_hint: i32,
     pub(crate) depth: u32,
-    /// Partial list and allocation cursor of each slot size (index: granules;
+    /// Partial list and allocation cursor of each slot size (index: class;
     /// entry 0 is never used, so its cursor stays `NO_WORD`).
     pub(crate) sizes: Box<[SizeList]>,
     pub(crate) full: u32,
@@ -267,6 +269,13 @@ pub struct AllocatorStats {
     pub page_takes: u64,
 }
 
+/// A slot size class and the slot size in bytes (`RegionAllocator::by16`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SlotOf {
+    class: u32,
+    size: u32,
+}
+
 /// A region allocator (the Myrmics local layer).  Not shared between
 /// threads: it is `Send`, and a program that needs one allocator for several
 /// threads puts it behind a lock (as [`crate::global`] does).
@@ -280,9 +289,19 @@ pub struct RegionAllocator {
     /// Bitmap words per slab.
     pub(crate) wps: usize,
     granule_shift: u32,
-    /// Slots per slab for each class (index: granules).
+    /// log2 of the smallest slot.
+    min_shift: u32,
+    /// Slot sizes below the granule (`granule / min_slot - 1`): classes
+    /// `1..=tiny` are `class * min_slot`, class `tiny + k` is `k * granule`.
+    tiny: usize,
+    /// The slot of a request of `16 * i - 15 ..= 16 * i` bytes, for `i` up
+    /// to the slab size / 16 (every slot size is a multiple of 16, so the
+    /// request's 16 B multiple decides): one load instead of the
+    /// computation of `class_raw` on the allocation fast path.
+    by16: Box<[SlotOf]>,
+    /// Slots per slab for each class (index: class, see `tiny`).
     pub(crate) slots: Box<[u32]>,
-    /// What the free fast path needs per class (index: granules).
+    /// What the free fast path needs per class (index: class).
     pub(crate) cls: Box<[ClassInfo]>,
     pub(crate) pages: Vec<usize>,
     free_pages: Vec<u32>,
@@ -347,9 +366,11 @@ impl RegionAllocator {
     /// An allocator with `cfg` taking pages from `source`.
     pub fn with_source(cfg: Config, source: Box<dyn PageSource>) -> Result<RegionAllocator, RegionError> {
         cfg.validate()?;
-        let classes = cfg.slab_size / cfg.granule + 1;
+        let tiny = cfg.granule / cfg.min_slot - 1;
+        let classes = tiny + cfg.slab_size / cfg.granule + 1;
+        let size_of = |c: usize| if c <= tiny { c * cfg.min_slot } else { (c - tiny) * cfg.granule };
         let slots: Box<[u32]> =
-            (0..classes).map(|c| if c == 0 { 0 } else { (cfg.slab_size / (c * cfg.granule)) as u32 }).collect();
+            (0..classes).map(|c| if c == 0 { 0 } else { (cfg.slab_size / size_of(c)) as u32 }).collect();
         let cls: Box<[ClassInfo]> = (0..classes)
             .map(|c| {
                 if c == 0 {
@@ -358,10 +379,24 @@ impl RegionAllocator {
                 let n = slots[c] as usize;
                 let tail = n - (n - 1) / 64 * 64;
                 ClassInfo {
-                    magic: u64::MAX / (c * cfg.granule) as u64 + 1,
+                    magic: u64::MAX / size_of(c) as u64 + 1,
                     last_full: if tail == 64 { !0 } else { (1u64 << tail) - 1 },
                     slots: n as u32,
+                    size: size_of(c) as u32,
                 }
+            })
+            .collect();
+        let class_raw = |size: usize| {
+            if size < cfg.granule {
+                size.div_ceil(cfg.min_slot)
+            } else {
+                tiny + size.div_ceil(cfg.granule)
+            }
+        };
+        let by16: Box<[SlotOf]> = (0..=cfg.slab_size / 16)
+            .map(|i| {
+                let c = class_raw(i * 16);
+                SlotOf { class: c as u32, size: if c == 0 { 0 } else { size_of(c) as u32 } }
             })
             .collect();
         let mut root = Region::new(classes);
@@ -371,8 +406,11 @@ impl RegionAllocator {
             slab_shift: cfg.slab_size.trailing_zeros(),
             page_mask: cfg.page_size - 1,
             spp: cfg.page_size / cfg.slab_size,
-            wps: (cfg.slab_size / cfg.granule).div_ceil(64),
+            wps: (cfg.slab_size / cfg.min_slot).div_ceil(64),
             granule_shift: cfg.granule.trailing_zeros(),
+            min_shift: cfg.min_slot.trailing_zeros(),
+            tiny,
+            by16,
             slots,
             cls,
             pages: Vec::new(),
@@ -450,13 +488,32 @@ impl RegionAllocator {
         self.slots[self.slabs[sid as usize].class as usize] - self.free_count(sid)
     }
 
-    #[inline]
-    fn class_of(&self, size: usize) -> usize {
-        (size.max(1) + self.cfg.granule - 1) >> self.granule_shift
+    /// The class of a request of `size` bytes (`size <= slab size`; 0
+    /// for 0): the smallest slot that holds it.
+    #[inline(always)]
+    fn class_raw(&self, size: usize) -> usize {
+        if size < self.cfg.granule {
+            (size + self.cfg.min_slot - 1) >> self.min_shift
+        } else {
+            self.tiny + ((size + self.cfg.granule - 1) >> self.granule_shift)
+        }
     }
 
-    fn slot_size(&self, class: u16) -> usize {
-        (class as usize) << self.granule_shift
+    #[inline]
+    pub(crate) fn class_of(&self, size: usize) -> usize {
+        self.class_raw(size.max(1))
+    }
+
+    pub(crate) fn slot_size(&self, class: u16) -> usize {
+        self.cls[class as usize].size as usize
+    }
+
+    /// The slot a request of `size` bytes gets: its size in bytes, or
+    /// `None` for a request larger than a slab (it spans whole slabs).
+    /// Sizes below the granule round up to a multiple of the smallest slot,
+    /// larger ones to a multiple of the granule.
+    pub fn slot_size_for(&self, size: usize) -> Option<usize> {
+        (size <= self.cfg.slab_size).then(|| self.slot_size(self.class_of(size) as u16))
     }
 
     // -----------------------------------------------------------------
@@ -669,9 +726,10 @@ impl RegionAllocator {
     // -----------------------------------------------------------------
 
     /// Allocate `size` bytes (0 counts as 1) in region `rid`.  Objects up to
-    /// a slab come from slots of the next multiple of the granule (aligned to
-    /// the largest power of two dividing the slot size, at least the
-    /// granule); larger ones span consecutive slabs (slab-aligned).
+    /// a slab come from slots (see [`slot_size_for`](Self::slot_size_for)),
+    /// aligned to the largest power of two dividing the slot size (at least
+    /// the smallest slot, 16 B by default); larger ones span consecutive
+    /// slabs (slab-aligned).
     #[inline]
     pub fn alloc(&mut self, size: usize, rid: RegionId) -> Result<NonNull<u8>, RegionError> {
         // Fast path: a live region, a small size, and a cursor word with a
@@ -681,8 +739,12 @@ impl RegionAllocator {
         if let Some(r) = self.regions.get(s) {
             if r.key == rid.get() && size <= self.cfg.slab_size {
                 // Size 0 gives class 0, whose cursor is always NO_WORD.
-                let class = (size + self.cfg.granule - 1) >> self.granule_shift;
-                // SAFETY: class <= slab size / granule < sizes.len().
+                // SAFETY: size <= slab size, so the index is at most slab
+                // size / 16, the last entry of by16.
+                let SlotOf { class, size: slot } = unsafe { *self.by16.get_unchecked((size + 15) >> 4) };
+                let (class, slot) = (class as usize, slot as usize);
+                debug_assert_eq!((class, slot), (self.class_raw(size), self.cls[self.class_raw(size)].size as usize));
+                // SAFETY: class < classes = sizes.len().
                 let l = unsafe { *r.sizes.get_unchecked(class) };
                 // SAFETY: a cursor is NO_WORD (index 0) or a word of a slab in
                 // the table (`SizeList` invariant); `bits` holds both.
@@ -692,7 +754,7 @@ impl RegionAllocator {
                     let rest = x & (x - 1);
                     *word = rest;
                     self.stats.allocs += 1;
-                    let addr = l.base + ((x.trailing_zeros() as usize * class) << self.granule_shift);
+                    let addr = l.base + x.trailing_zeros() as usize * slot;
                     if rest == 0 {
                         self.cursor_exhausted(s, class);
                     }
@@ -739,7 +801,7 @@ impl RegionAllocator {
         let x = self.bits[l.word as usize];
         let rest = x & x.wrapping_sub(1);
         self.bits[l.word as usize] = rest;
-        let addr = l.base + ((x.trailing_zeros() as usize * class) << self.granule_shift);
+        let addr = l.base + x.trailing_zeros() as usize * self.slot_size(class as u16);
         if rest == 0 {
             self.cursor_exhausted(ri, class);
         }
@@ -753,7 +815,7 @@ impl RegionAllocator {
         let first = self.word_index(sid, 0);
         let w = self.bits[first..first + self.wps].iter().position(|&x| x != 0);
         let addr = self.slabs[sid as usize].addr;
-        let size = class << self.granule_shift;
+        let size = self.slot_size(class as u16);
         let l = &mut self.regions[ri].sizes[class];
         match w {
             Some(w) => {
@@ -822,7 +884,7 @@ impl RegionAllocator {
             s
         } else {
             let want = self.cfg.high_watermark.max(1);
-            let (addr, got) = self.take_slabs(ri, 1, want, class << self.granule_shift)?;
+            let (addr, got) = self.take_slabs(ri, 1, want, self.slot_size(class as u16))?;
             let first = self.slab_of(addr).expect("taken slab is mapped");
             for i in 1..got {
                 let s = self.slab_of(addr + (i << self.slab_shift)).expect("taken slab is mapped");
@@ -1220,7 +1282,7 @@ impl RegionAllocator {
         if target == from {
             let a = p.as_ptr() as usize;
             if cap <= self.cfg.slab_size && new_size <= self.cfg.slab_size {
-                if self.class_of(new_size) == cap >> self.granule_shift {
+                if self.slot_size(self.class_of(new_size) as u16) == cap {
                     return Ok(p);
                 }
             } else if cap > self.cfg.slab_size && new_size > self.cfg.slab_size {
@@ -1306,7 +1368,7 @@ impl RegionAllocator {
     /// `n` slots of `class` for region `ri`: whole bitmap words at a time,
     /// one slab after another, without looking the region up per object.
     fn balloc_small(&mut self, ri: usize, class: usize, n: usize, out: &mut Vec<NonNull<u8>>) -> Result<(), RegionError> {
-        let size = class << self.granule_shift;
+        let size = self.slot_size(class as u16);
         let mut left = n;
         while left > 0 {
             let mut sid = self.regions[ri].sizes[class].head;
@@ -1505,7 +1567,7 @@ impl RegionAllocator {
                 let ok = l.head != NIL
                     && w < self.wps
                     && self.bits[l.word as usize] != 0
-                    && l.base == self.slabs[l.head as usize].addr + w * 64 * (c << self.granule_shift);
+                    && l.base == self.slabs[l.head as usize].addr + w * 64 * self.slot_size(c as u16);
                 if !ok {
                     return Err(format!("region slot {si}, class {c}: the cursor is not on a free word of the partial head"));
                 }

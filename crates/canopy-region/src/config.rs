@@ -6,7 +6,8 @@ use crate::RegionError;
 ///
 /// | field | default | `CANOPY_*` variable | meaning |
 /// |---|---|---|---|
-/// | `granule` | 64 B | `CANOPY_REGION_GRANULE` | slot sizes are multiples of this (a cache line in Myrmics) |
+/// | `granule` | 64 B | `CANOPY_REGION_GRANULE` | slot sizes from the granule up are multiples of it (a cache line in Myrmics) |
+/// | `min_slot` | 16 B | `CANOPY_REGION_MIN_SLOT` | slot sizes below the granule are multiples of this; equal to the granule, every slot size is a granule multiple, as in Myrmics |
 /// | `slab_size` | 4 KiB | `CANOPY_REGION_SLAB` | a slab: slots of one size; larger objects span consecutive slabs |
 /// | `page_size` | 1 MiB | `CANOPY_REGION_PAGE` | what the allocator takes from its page source at a time |
 /// | `high_watermark` | 8 | `CANOPY_REGION_HIGH` | empty slabs a region keeps for itself |
@@ -14,8 +15,13 @@ use crate::RegionError;
 /// | `max_pages` | unlimited | `CANOPY_REGION_MAX_PAGES` | pages the allocator may take in all |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// Slot sizes are multiples of this.
+    /// Slot sizes from the granule up are multiples of this.
     pub granule: usize,
+    /// Slot sizes below the granule are multiples of this (16 B by default:
+    /// a 16 B object takes a 16 B slot, not a 64 B one).  Set it to the
+    /// granule for Myrmics' layout, where every slot size is a granule
+    /// multiple.
+    pub min_slot: usize,
     /// Bytes per slab.
     pub slab_size: usize,
     /// Bytes per page taken from the page source.
@@ -33,6 +39,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             granule: 64,
+            min_slot: 16,
             slab_size: 4096,
             page_size: 1 << 20,
             high_watermark: 8,
@@ -47,8 +54,9 @@ impl Config {
     /// A variable that does not parse is an error naming it.
     pub fn from_env() -> Result<Config, RegionError> {
         let mut c = Config::default();
-        let vars: [(&str, &mut usize); 6] = [
+        let vars: [(&str, &mut usize); 7] = [
             ("CANOPY_REGION_GRANULE", &mut c.granule),
+            ("CANOPY_REGION_MIN_SLOT", &mut c.min_slot),
             ("CANOPY_REGION_SLAB", &mut c.slab_size),
             ("CANOPY_REGION_PAGE", &mut c.page_size),
             ("CANOPY_REGION_HIGH", &mut c.high_watermark),
@@ -71,6 +79,12 @@ impl Config {
         if !self.granule.is_power_of_two() || self.granule < 16 {
             return bad(format!("granule {} must be a power of two of at least 16", self.granule));
         }
+        if !self.min_slot.is_power_of_two() || self.min_slot < 16 || self.min_slot > self.granule {
+            return bad(format!(
+                "smallest slot {} must be a power of two, at least 16 and at most the granule {}",
+                self.min_slot, self.granule
+            ));
+        }
         if !self.slab_size.is_power_of_two() || self.slab_size < self.granule || self.slab_size < 4096 {
             return bad(format!(
                 "slab size {} must be a power of two, at least 4096 and at least the granule",
@@ -80,8 +94,11 @@ impl Config {
         if self.slab_size > 1 << 20 {
             return bad(format!("slab size {} is above 1 MiB", self.slab_size));
         }
-        if self.slab_size / self.granule > 4096 {
-            return bad(format!("slab size / granule = {} slots is more than 4096", self.slab_size / self.granule));
+        if self.slab_size / self.min_slot > 4096 {
+            return bad(format!(
+                "slab size / smallest slot = {} slots is more than 4096",
+                self.slab_size / self.min_slot
+            ));
         }
         if !self.page_size.is_power_of_two() || self.page_size < self.slab_size {
             return bad(format!("page size {} must be a power of two and at least the slab size", self.page_size));

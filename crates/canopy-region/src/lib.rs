@@ -7,7 +7,9 @@
 //!
 //! Each region is a slab pool of its own.  Objects up to a slab (4 KiB by
 //! default) live in slots whose size is the request rounded up to a multiple
-//! of the granule (64 B); a region keeps one list of partially filled slabs
+//! of the granule (64 B), or, below the granule, of the smallest slot (16 B:
+//! slots of 16, 32 and 48 B; [`Config::min_slot`] set to the granule gives
+//! Myrmics' granule multiples only); a region keeps one list of partially filled slabs
 //! per slot size, so allocation fills holes before it takes new slabs.
 //! Larger objects span consecutive slabs.  Slabs come from 1 MiB pages that
 //! the allocator takes from Canopy's global heap (or any [`PageSource`]);

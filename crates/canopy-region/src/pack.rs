@@ -391,7 +391,7 @@ impl RegionAllocator {
                     slabs.push(PackedSlab::Slots {
                         addr: sl.addr,
                         region: id,
-                        slot_size: (sl.class as u32) * self.cfg.granule as u32,
+                        slot_size: self.slot_size(sl.class) as u32,
                         allocated,
                     });
                 }
@@ -466,7 +466,7 @@ impl RegionAllocator {
             let sid = self.slab_of(s.addr()).expect("claimed") as usize;
             match s {
                 PackedSlab::Slots { slot_size, allocated, .. } => {
-                    let class = (*slot_size as usize / self.cfg.granule) as u16;
+                    let class = self.class_of(*slot_size as usize) as u16;
                     let n = self.slots[class as usize] as usize;
                     let mut live = 0;
                     for w in 0..self.wps {
@@ -597,8 +597,11 @@ impl RegionAllocator {
                 .ok_or_else(|| RegionError::Unpack(format!("slab {a:#x} is beyond the address space")))?;
             if let PackedSlab::Slots { slot_size, allocated, .. } = s {
                 let sz = *slot_size as usize;
-                if sz == 0 || sz % self.cfg.granule != 0 || sz > self.cfg.slab_size {
-                    return bad(format!("slab {a:#x}: slot size {sz} is not a multiple of {} up to the slab size", self.cfg.granule));
+                if sz == 0 || self.slot_size_for(sz) != Some(sz) {
+                    return bad(format!(
+                        "slab {a:#x}: slot size {sz} is not one of this allocator's (multiples of {} below {}, of {} up to the slab size {})",
+                        self.cfg.min_slot, self.cfg.granule, self.cfg.granule, self.cfg.slab_size
+                    ));
                 }
                 let slots = self.cfg.slab_size / sz;
                 let live: u32 = allocated.iter().map(|w| w.count_ones()).sum();

@@ -23,7 +23,12 @@ fn objects_are_distinct_aligned_and_sized() {
         let (rid, usable) = ra.object(p).unwrap();
         assert_eq!(rid, r);
         assert!(usable >= s.max(1), "size {s}: usable {usable}");
-        assert_eq!(p.as_ptr() as usize % 64, 0, "size {s} is granule aligned");
+        if let Some(slot) = ra.slot_size_for(s) {
+            assert_eq!(usable, slot, "size {s}: the usable size is the slot");
+            let align = 1 << slot.trailing_zeros();
+            assert!(align >= 16 && (s < 64 || align >= 64), "size {s}: slot {slot}");
+            assert_eq!(p.as_ptr() as usize % align, 0, "size {s}: slots are aligned to their size's power of two");
+        }
         if s > 4096 {
             assert_eq!(p.as_ptr() as usize % 4096, 0, "spans are slab aligned");
         }
@@ -236,7 +241,9 @@ fn packed_list_is_a_few_runs() {
     assert!(runs.len() <= 4, "{} runs", runs.len());
     let packed = ra.pack(r).unwrap();
     assert_eq!(packed.runs, runs);
-    assert_eq!(packed.bytes(), 30_000usize.div_ceil(64) * 4096);
+    let per_slab = 4096 / ra.slot_size_for(32).unwrap();
+    assert_eq!(per_slab, 128, "32 B nodes take 32 B slots");
+    assert_eq!(packed.bytes(), 30_000usize.div_ceil(per_slab) * 4096);
     assert_eq!(Packed::decode(&packed.encode()).unwrap(), packed);
 }
 
@@ -336,6 +343,77 @@ fn unpack_at_the_same_addresses_in_a_new_allocator() {
 }
 
 /// A list of `n` 32-byte nodes (next pointer, value), newest first.
+/// A pack holds slots smaller than the granule; an allocator whose slot
+/// sizes are granule multiples only (Myrmics' layout) has no such slots and
+/// refuses it, naming the slab and the size, and changes nothing.
+#[test]
+fn unpack_refuses_slot_sizes_the_receiver_does_not_have() {
+    let len = 16 << 20;
+    let probe = FixedRange::reserve(len, 1 << 20).unwrap();
+    let base = probe.base();
+    drop(probe);
+    let enc = {
+        let mut ra =
+            RegionAllocator::with_source(Config::default(), Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap()))
+                .unwrap();
+        let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+        build_list(&mut ra, r, 100);
+        ra.pack(r).unwrap().encode()
+    };
+    let p = Packed::decode(&enc).unwrap();
+    let myrmics = Config { min_slot: 64, ..Config::default() };
+    let mut rb = RegionAllocator::with_source(myrmics, Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap())).unwrap();
+    let e = rb.unpack(RegionId::ROOT, &p, |_, _| Ok(())).unwrap_err();
+    assert!(matches!(e, RegionError::Unpack(_)), "{e}");
+    assert!(e.to_string().contains("slot size 32"), "{e}");
+    assert_eq!(rb.stats().regions, 1);
+    rb.check().unwrap();
+}
+
+/// Objects below the granule take slots of the next multiple of the smallest
+/// slot, four 16 B objects to a 64 B line; with the smallest slot at the
+/// granule every slot is a granule multiple.
+#[test]
+fn small_objects_take_small_slots() {
+    let mut ra = RegionAllocator::new();
+    for (s, slot) in [(1, 16), (16, 16), (17, 32), (32, 32), (33, 48), (48, 48), (49, 64), (64, 64), (65, 128), (4096, 4096)] {
+        assert_eq!(ra.slot_size_for(s), Some(slot), "size {s}");
+    }
+    assert_eq!(ra.slot_size_for(4097), None);
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let v = ra.balloc(16, r, 1000).unwrap();
+    // 256 slots per 4 KiB slab: 3 full slabs and one partial.
+    let st = ra.region_stats(r).unwrap();
+    assert_eq!((st.full_slabs, st.partial_slabs, st.bytes), (3, 1, 16_000));
+    let mut addrs: Vec<usize> = v.iter().map(|p| p.as_ptr() as usize).collect();
+    addrs.sort_unstable();
+    assert!(addrs.windows(2).all(|w| w[1] - w[0] >= 16), "16 B objects do not overlap");
+    for (i, p) in v.iter().enumerate() {
+        fill(*p, 16, i as u8);
+    }
+    for (i, p) in v.iter().enumerate() {
+        assert!(holds(*p, 16, i as u8));
+        assert_eq!(ra.object(*p).unwrap(), (r, 16));
+    }
+    ra.check().unwrap();
+    // Interior pointers of a 16 B slot are not objects.
+    let inner = NonNull::new(v[0].as_ptr().wrapping_add(8)).unwrap();
+    assert!(matches!(ra.free(inner), Err(RegionError::Interior { .. })));
+    for p in v {
+        ra.free(p).unwrap();
+    }
+    ra.check().unwrap();
+
+    let mut m = RegionAllocator::with_config(Config { min_slot: 64, ..Config::default() }).unwrap();
+    for (s, slot) in [(1, 64), (16, 64), (48, 64), (64, 64), (65, 128)] {
+        assert_eq!(m.slot_size_for(s), Some(slot), "size {s}, Myrmics' layout");
+    }
+    let r = m.ralloc(RegionId::ROOT, 0).unwrap();
+    let p = m.alloc(16, r).unwrap();
+    assert_eq!(m.object(p).unwrap(), (r, 64));
+    m.check().unwrap();
+}
+
 pub(crate) fn build_list(ra: &mut RegionAllocator, r: RegionId, n: u64) -> *mut u8 {
     let mut prev: *mut u8 = core::ptr::null_mut();
     for i in 0..n {
@@ -395,7 +473,16 @@ fn config_is_checked() {
         assert!(matches!(RegionAllocator::with_config(bad), Err(RegionError::BadConfig(_))));
     }
     assert!(RegionAllocator::with_config(Config { page_size: 1 << 19, ..Config::default() }).is_err());
-    let ok = Config { granule: 16, slab_size: 16384, page_size: 2 << 20, ..Config::default() };
+    for bad in [
+        Config { min_slot: 8, ..Config::default() },
+        Config { min_slot: 128, ..Config::default() },
+        Config { min_slot: 24, ..Config::default() },
+        Config { min_slot: 16, slab_size: 128 << 10, ..Config::default() },
+    ] {
+        let e = RegionAllocator::with_config(bad.clone()).err();
+        assert!(matches!(e, Some(RegionError::BadConfig(_))), "{bad:?}: {e:?}");
+    }
+    let ok = Config { granule: 16, min_slot: 16, slab_size: 16384, page_size: 2 << 20, ..Config::default() };
     let mut ra = RegionAllocator::with_config(ok).unwrap();
     let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
     let v = ra.balloc(16, r, 5000).unwrap(); // 1024 slots per slab: 16 bitmap words
@@ -451,10 +538,13 @@ mod model {
     proptest! {
         #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
         #[test]
-        fn behaves_like_the_model(ops in proptest::collection::vec(op(), 1..160), small_granule in any::<bool>()) {
-            // A 16 B granule gives slabs of up to 256 slots: four bitmap words.
-            let granule = if small_granule { 16 } else { 64 };
-            let cfg = Config { granule, high_watermark: 3, low_watermark: 1, max_pages: 8, ..Config::default() };
+        fn behaves_like_the_model(ops in proptest::collection::vec(op(), 1..160), shape in 0..3usize) {
+            // Slot sizes: 16 B multiples below 64 B and 64 B multiples from
+            // there (the default); 64 B multiples only (Myrmics); 16 B
+            // multiples throughout.  16 B slots make slabs of 256 slots: four
+            // bitmap words.
+            let (granule, min_slot) = [(64, 16), (64, 64), (16, 16)][shape];
+            let cfg = Config { granule, min_slot, high_watermark: 3, low_watermark: 1, max_pages: 8, ..Config::default() };
             let mut ra = RegionAllocator::with_config(cfg).unwrap();
             // Model: live regions (with parents) and live objects.
             let mut regions: Vec<(RegionId, Option<RegionId>)> = vec![(RegionId::ROOT, None)];

@@ -111,9 +111,9 @@ impl Regions {
     fn raw(&self, r: RegionId, size: usize, align: usize) -> Result<NonNull<u8>, RegionError> {
         let ra = self.ra();
         // Slots are aligned to the largest power of two dividing their size
-        // (at least the granule); spans to the slab.  Round the request up so
-        // the slot size is a multiple of the alignment.
-        let size = if align > ra.config().granule { size.max(1).next_multiple_of(align) } else { size };
+        // (at least the smallest slot); spans to the slab.  Round the request
+        // up so the slot size is a multiple of the alignment.
+        let size = if align > ra.config().min_slot { size.max(1).next_multiple_of(align) } else { size };
         if align > ra.config().slab_size {
             return Err(RegionError::Invalid(format!("alignment {align} is above the slab size")));
         }

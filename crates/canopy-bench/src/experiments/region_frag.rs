@@ -273,13 +273,15 @@ pub struct FragSummary {
 }
 
 /// An independent model of the region's small-object slabs, built from the
-/// addresses the allocator returns: slab address -> (slot size in granules,
-/// live objects).  Spanning objects are only counted.
+/// addresses the allocator returns: slab address -> (class, live objects),
+/// where a class is a slot size in units of the smallest slot.  Spanning
+/// objects are only counted.
 struct Model {
     slab: usize,
     granule: usize,
+    min_slot: usize,
     slabs: HashMap<usize, (usize, u32)>,
-    /// Partial slabs per class (index: granules).
+    /// Partial slabs per class.
     partial: Vec<u64>,
     /// Free slots in partial slabs per class.
     holes: Vec<u64>,
@@ -288,11 +290,12 @@ struct Model {
 }
 
 impl Model {
-    fn new(slab: usize, granule: usize) -> Model {
-        let classes = slab / granule + 1;
+    fn new(slab: usize, granule: usize, min_slot: usize) -> Model {
+        let classes = slab / min_slot + 1;
         Model {
             slab,
             granule,
+            min_slot,
             slabs: HashMap::new(),
             partial: vec![0; classes],
             holes: vec![0; classes],
@@ -301,12 +304,16 @@ impl Model {
         }
     }
 
+    /// Slot sizes: multiples of the smallest slot below the granule, of the
+    /// granule from there up to the slab.
     fn class(&self, size: usize) -> Option<usize> {
-        (size <= self.slab).then(|| size.max(1).div_ceil(self.granule))
+        let size = size.max(1);
+        let slot = if size < self.granule { size.next_multiple_of(self.min_slot) } else { size.next_multiple_of(self.granule) };
+        (size <= self.slab).then_some(slot / self.min_slot)
     }
 
     fn slots(&self, class: usize) -> u32 {
-        (self.slab / (class * self.granule)) as u32
+        (self.slab / (class * self.min_slot)) as u32
     }
 
     fn holes_total(&self) -> u64 {
@@ -410,11 +417,12 @@ pub fn run_part(part: &Part, steps: usize, seed: u64, samples: usize) -> Result<
     let mut ra = RegionAllocator::new();
     let slab = ra.config().slab_size;
     let granule = ra.config().granule;
+    let min_slot = ra.config().min_slot;
     let rid = ra
         .ralloc(RegionId::ROOT, 0)
         .map_err(|e| anyhow!("ralloc: {e}"))?;
     let mut rng = Rng::new(seed ^ ((part.key.as_bytes()[0] as u64) << 56));
-    let mut model = Model::new(slab, granule);
+    let mut model = Model::new(slab, granule, min_slot);
     let mut live: Vec<(NonNull<u8>, usize)> = Vec::new();
     let mut requested = 0u64;
     let every = (steps / samples.max(1)).max(1);
@@ -661,7 +669,8 @@ fn markdown(
 ) -> String {
     let mut md = format!(
         "# Fragmentation in a region (paper 002, §6.2, Fig. 4a-c)\n\n\
-         One region of Canopy's region allocator (slabs {} KiB, slot sizes multiples of {} B, pages {} MiB). At each of \
+         One region of Canopy's region allocator (slabs {} KiB, slot sizes multiples of {} B from {} B up and of {} B below, \
+         pages {} MiB; every size here is at least {} B). At each of \
          {steps} steps the program allocates an object with probability p, else frees a random live one (seed {seed}, size \
          `{}`). Parts b and c run {} equal phases with p = {}. Part c picks each size among {} B.\n\n\
          \"Slab bytes / requested\" counts full, partial and spanning slabs against the bytes the program asked for. \
@@ -670,7 +679,10 @@ fn markdown(
          50048 B objects span 13 slabs and are counted as span slabs, outside the hole-first check.\n\n",
         cfg.slab_size / 1024,
         cfg.granule,
+        cfg.granule,
+        cfg.min_slot,
         cfg.page_size >> 20,
+        SIX_SIZES.iter().min().copied().unwrap_or(0).min(192),
         size.name(),
         PHASES.len(),
         PHASES.iter().map(|p| format!("{p}")).collect::<Vec<_>>().join(", "),
@@ -959,14 +971,17 @@ mod tests {
 
     #[test]
     fn model_counts_full_and_partial() {
-        let mut m = Model::new(4096, 64);
-        // 192 B: 21 slots per slab.
+        let mut m = Model::new(4096, 64, 16);
+        // 192 B: 21 slots per slab, class 192 / 16 = 12.
         for i in 0..21 {
             m.alloc(0x10000 + i * 192, 192);
         }
-        assert_eq!((m.full, m.partial[3], m.holes[3]), (1, 0, 0));
+        assert_eq!((m.full, m.partial[12], m.holes[12]), (1, 0, 0));
         m.free(0x10000, 192);
-        assert_eq!((m.full, m.partial[3], m.holes[3]), (0, 1, 1));
+        assert_eq!((m.full, m.partial[12], m.holes[12]), (0, 1, 1));
+        // 20 B: a 32 B slot, 128 to a slab.
+        m.alloc(0x30000, 20);
+        assert_eq!((m.partial[2], m.holes[2]), (1, 127));
         assert_eq!(m.alloc(0x10000, 192), (true, true));
         m.alloc(0x20000, 4096);
         assert_eq!(m.full, 2);

@@ -7,7 +7,7 @@
 //! | contender | allocate | free one | free everything |
 //! |---|---|---|---|
 //! | `region` | `RegionAllocator::alloc` in a region | `free` | `rfree` of the region |
-//! | `region-g16` | the same with a 16 B slot granule (default 64 B) | `free` | `rfree` |
+//! | `region-myrmics` | the same with Myrmics' slots: 64 B multiples only (the default has 16, 32 and 48 B slots too) | `free` | `rfree` |
 //! | `canopy` | `canopy_alloc::alloc` | `canopy_alloc::free` | one by one |
 //! | `glibc` | `libc::malloc` (checked to be glibc's) | `free` | one by one |
 //! | `bumpalo` | `Bump::alloc_layout` | – | `Bump::reset` |
@@ -42,7 +42,7 @@ use crate::stats;
 /// The contenders, in run order.
 pub const CONTENDERS: [&str; 7] = [
     "region",
-    "region-g16",
+    "region-myrmics",
     "canopy",
     "glibc",
     "bumpalo",
@@ -209,10 +209,11 @@ pub fn malloc_library() -> String {
         .into_owned()
 }
 
-/// The `region-g16` contender's allocator.
-fn region_g16() -> Result<RegionAllocator> {
-    RegionAllocator::with_config(canopy_region::Config { granule: 16, ..canopy_region::Config::default() })
-        .map_err(|e| anyhow!("region allocator with a 16 B granule: {e}"))
+/// The `region-myrmics` contender's allocator: every slot a multiple of the
+/// 64 B granule, as in Myrmics.
+fn region_myrmics() -> Result<RegionAllocator> {
+    RegionAllocator::with_config(canopy_region::Config { min_slot: 64, ..canopy_region::Config::default() })
+        .map_err(|e| anyhow!("region allocator with 64 B slots at least: {e}"))
 }
 
 /// Whether `malloc` is glibc's and nothing is preloaded over it.
@@ -243,8 +244,8 @@ fn ns(t: Instant) -> f64 {
 /// The state that lives across rounds (warm allocators, as in a long-running program).
 struct Bench {
     ra: RegionAllocator,
-    /// A region allocator with a 16 B slot granule (the default is 64 B).
-    ra16: RegionAllocator,
+    /// A region allocator with Myrmics' slots (64 B multiples only).
+    ram: RegionAllocator,
     bump: bumpalo::Bump,
     ptrs: Vec<*mut u8>,
     keys: Vec<usize>,
@@ -413,11 +414,11 @@ impl Bench {
     fn round(&mut self, who: &str, sz: &Sizes, n: usize) -> Result<Option<Measured>> {
         Ok(Some(match (who, sz) {
             ("region", _) => self.region(sz, n)?,
-            ("region-g16", _) => {
-                // The same code on the allocator with a 16 B slot granule.
-                std::mem::swap(&mut self.ra, &mut self.ra16);
+            ("region-myrmics", _) => {
+                // The same code on the allocator with Myrmics' slots.
+                std::mem::swap(&mut self.ra, &mut self.ram);
                 let r = self.region(sz, n);
-                std::mem::swap(&mut self.ra, &mut self.ra16);
+                std::mem::swap(&mut self.ra, &mut self.ram);
                 r?
             }
             ("canopy", _) => self.canopy(sz, n)?,
@@ -436,7 +437,7 @@ impl Bench {
 
 fn free_all_by(who: &str) -> &'static str {
     match who {
-        "region" | "region-g16" => "rfree",
+        "region" | "region-myrmics" => "rfree",
         "bumpalo" => "reset",
         "typed-arena" | "slab" => "drop",
         _ => "free one by one",
@@ -488,7 +489,7 @@ pub fn run(common: &RegionCommon, opts: &SpeedOptions) -> Result<Finished> {
     let pb = crate::progress::bar(total as u64, "region-speed");
     let mut b = Bench {
         ra: RegionAllocator::new(),
-        ra16: region_g16()?,
+        ram: region_myrmics()?,
         bump: bumpalo::Bump::new(),
         ptrs: Vec::with_capacity(n.max(max_n)),
         keys: Vec::with_capacity(n.max(max_n)),
@@ -608,7 +609,10 @@ pub fn targets(cells: &[Cell], n: usize) -> Vec<Target> {
     let mut out = Vec::new();
     let mut labels: Vec<String> = FIXED.iter().map(|s| Sizes::Fixed(*s).label()).collect();
     labels.push(Sizes::Mixed(Vec::new()).label());
-    for (who, what) in [("region", "64 B slot granule, the default"), ("region-g16", "16 B slot granule")] {
+    for (who, what) in [
+        ("region", "the default slots: 16, 32, 48 B, then 64 B multiples"),
+        ("region-myrmics", "Myrmics' slots: 64 B multiples only"),
+    ] {
         let mut all = true;
         let mut parts = Vec::new();
         for l in &labels {
@@ -954,7 +958,7 @@ mod tests {
     fn every_contender_runs_and_agrees() {
         let mut b = Bench {
             ra: RegionAllocator::new(),
-            ra16: region_g16().unwrap(),
+            ram: region_myrmics().unwrap(),
             bump: bumpalo::Bump::new(),
             ptrs: Vec::new(),
             keys: Vec::new(),
@@ -987,7 +991,7 @@ mod tests {
         let cells = summarize(&rounds, &cfgs);
         assert!(cell(&cells, "64 B", 1000, "region").is_some());
         let t = targets(&cells, 500);
-        assert_eq!(t.len(), 3, "allocation with both granules, region free");
+        assert_eq!(t.len(), 3, "allocation with both slot layouts, region free");
         assert_eq!(t[2].met, None, "10^6 was not measured");
         let svg = render(&cells, 500, &sweep).unwrap();
         assert!(svg.starts_with("<svg"));
