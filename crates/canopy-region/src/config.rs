@@ -7,7 +7,7 @@ use crate::RegionError;
 /// | field | default | `CANOPY_*` variable | meaning |
 /// |---|---|---|---|
 /// | `granule` | 64 B | `CANOPY_REGION_GRANULE` | slot sizes from the granule up are multiples of it (a cache line in Myrmics) |
-/// | `min_slot` | 16 B | `CANOPY_REGION_MIN_SLOT` | slot sizes below the granule are multiples of this; equal to the granule, every slot size is a granule multiple, as in Myrmics |
+/// | `min_slot` | 16 B | `CANOPY_REGION_MIN_SLOT` | slot sizes below the granule are multiples of this; equal to the granule, every slot size is a granule multiple, as in Myrmics.  A slab holds at most 4096 slots: from the environment, a slab above 64 KiB raises it to slab / 4096 (at most the granule) unless it is set |
 /// | `slab_size` | 4 KiB | `CANOPY_REGION_SLAB` | a slab: slots of one size; larger objects span consecutive slabs |
 /// | `page_size` | 1 MiB | `CANOPY_REGION_PAGE` | what the allocator takes from its page source at a time |
 /// | `high_watermark` | 8 | `CANOPY_REGION_HIGH` | empty slabs a region keeps for itself |
@@ -53,6 +53,11 @@ impl Config {
     /// The defaults, overridden by the `CANOPY_REGION_*` variables above.
     /// A variable that does not parse is an error naming it.
     pub fn from_env() -> Result<Config, RegionError> {
+        Config::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`from_env`](Self::from_env) with the variables looked up by `var`.
+    pub(crate) fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Config, RegionError> {
         let mut c = Config::default();
         let vars: [(&str, &mut usize); 7] = [
             ("CANOPY_REGION_GRANULE", &mut c.granule),
@@ -63,11 +68,18 @@ impl Config {
             ("CANOPY_REGION_LOW", &mut c.low_watermark),
             ("CANOPY_REGION_MAX_PAGES", &mut c.max_pages),
         ];
+        let mut min_slot_given = false;
         for (name, slot) in vars {
-            if let Ok(v) = std::env::var(name) {
+            if let Some(v) = var(name) {
                 *slot = parse_size(&v)
                     .ok_or_else(|| RegionError::BadConfig(format!("{name}={v:?} is not a size (e.g. 4096, 64K, 1M)")))?;
+                min_slot_given |= name == "CANOPY_REGION_MIN_SLOT";
             }
+        }
+        if !min_slot_given {
+            // A slab holds at most 4096 slots: with large slabs the smallest
+            // slot grows (up to the granule) unless it was set.
+            c.min_slot = c.min_slot.max(c.slab_size / 4096).min(c.granule.max(16));
         }
         c.validate()?;
         Ok(c)
@@ -96,8 +108,9 @@ impl Config {
         }
         if self.slab_size / self.min_slot > 4096 {
             return bad(format!(
-                "slab size / smallest slot = {} slots is more than 4096",
-                self.slab_size / self.min_slot
+                "slab size / smallest slot = {} slots is more than 4096: make the smallest slot at least {} B",
+                self.slab_size / self.min_slot,
+                self.slab_size / 4096
             ));
         }
         if !self.page_size.is_power_of_two() || self.page_size < self.slab_size {

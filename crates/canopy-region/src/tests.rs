@@ -463,6 +463,26 @@ pub(crate) fn walk_tree(p: *const u8) -> u64 {
 }
 
 #[test]
+fn config_from_variables() {
+    let vars = |pairs: &'static [(&'static str, &'static str)]| {
+        move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+    };
+    assert_eq!(Config::from_vars(vars(&[])).unwrap(), Config::default());
+    let c = Config::from_vars(vars(&[("CANOPY_REGION_SLAB", "16K"), ("CANOPY_REGION_HIGH", "4")])).unwrap();
+    assert_eq!((c.slab_size, c.high_watermark, c.min_slot), (16384, 4, 16));
+    // A slab of 256 KiB holds at most 4096 slots: the smallest slot grows
+    // to 64 B unless it is set, and set too small it is an error saying so.
+    let c = Config::from_vars(vars(&[("CANOPY_REGION_SLAB", "256K"), ("CANOPY_REGION_PAGE", "1M")])).unwrap();
+    assert_eq!(c.min_slot, 64);
+    let e = Config::from_vars(vars(&[("CANOPY_REGION_SLAB", "256K"), ("CANOPY_REGION_MIN_SLOT", "16")])).unwrap_err();
+    assert!(e.to_string().contains("at least 64 B"), "{e}");
+    let e = Config::from_vars(vars(&[("CANOPY_REGION_MIN_SLOT", "lots")])).unwrap_err();
+    assert!(e.to_string().contains("CANOPY_REGION_MIN_SLOT"), "{e}");
+    let c = Config::from_vars(vars(&[("CANOPY_REGION_MIN_SLOT", "64")])).unwrap();
+    assert_eq!(c.min_slot, 64);
+}
+
+#[test]
 fn config_is_checked() {
     for bad in [
         Config { granule: 48, ..Config::default() },
