@@ -679,17 +679,20 @@ impl RegionAllocator {
         self.regions[s].owned = owned;
     }
 
-    /// Record that region `ri` took `n` slabs at `addr`.
+    /// Record that region `ri` took `n` slabs at `addr`.  The caller marks
+    /// them as the region's afterwards, so a rebuild of the list (which keeps
+    /// only slabs marked so) runs before they are added.
     pub(crate) fn note_owned(&mut self, ri: usize, addr: usize, n: usize) {
         let shift = self.slab_shift;
+        let r = &self.regions[ri];
+        let held = (r.n_partial + r.n_full + r.n_empty + r.n_span_slabs) as usize + n;
+        if r.owned.len() >= 64 && r.owned.len() + 1 > 2 * held {
+            self.rebuild_owned(ri);
+        }
         let r = &mut self.regions[ri];
         match r.owned.last_mut() {
             Some((a, k)) if *a + (*k << shift) == addr => *k += n,
             _ => r.owned.push((addr, n)),
-        }
-        let held = (r.n_partial + r.n_full + r.n_empty + r.n_span_slabs) as usize + n;
-        if r.owned.len() > 64 && r.owned.len() > 2 * held {
-            self.rebuild_owned(ri);
         }
     }
 

@@ -462,6 +462,30 @@ pub(crate) fn walk_tree(p: *const u8) -> u64 {
     unsafe { (p.add(16) as *const u64).read() + walk_tree((p as *const *const u8).read()) + walk_tree((p.add(8) as *const *const u8).read()) }
 }
 
+/// A region's list of the ranges it took is rebuilt from its slabs when it
+/// grows long; the slabs being taken at that moment are not marked yet and
+/// must stay on it, or freeing the region leaves them behind.
+#[test]
+fn owned_ranges_keep_the_slabs_being_taken() {
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let q = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    // Each round r takes a two-slab span and gives it back, and q takes the
+    // slabs right after it, so r's next take does not extend its last range:
+    // r's list grows by one range a round while r holds almost nothing, and
+    // the 65th take rebuilds it.
+    for _ in 0..64 {
+        let p = ra.alloc(8192, r).unwrap();
+        ra.alloc(8192, q).unwrap();
+        ra.free(p).unwrap();
+    }
+    let last = ra.alloc(8192, r).unwrap();
+    ra.check().unwrap();
+    ra.rfree(r).unwrap();
+    ra.check().unwrap();
+    assert!(ra.region_of(last.as_ptr()).is_err(), "the region's last span went back with it");
+}
+
 #[test]
 fn config_from_variables() {
     let vars = |pairs: &'static [(&'static str, &'static str)]| {
