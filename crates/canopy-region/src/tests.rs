@@ -370,6 +370,63 @@ fn unpack_refuses_slot_sizes_the_receiver_does_not_have() {
     rb.check().unwrap();
 }
 
+/// A pack's slot sizes decide whether a receiver can hold it, not the
+/// smallest slot of the sender: a pack of 64 B and larger slots from an
+/// allocator with 16 B slots (whose slabs have bitmaps of four words) unpacks
+/// into one with Myrmics' layout (one word for 64 slots), and 32 B slots into
+/// one whose smallest slot is 32 B.
+#[test]
+fn unpack_takes_slot_sizes_the_receiver_has_from_a_smaller_smallest_slot() {
+    let len = 16 << 20;
+    let probe = FixedRange::reserve(len, 1 << 20).unwrap();
+    let base = probe.base();
+    drop(probe);
+    for (min_slot, sizes) in [(64, [64usize, 100, 4096]), (32, [32, 64, 96])] {
+        let (enc, bytes, objs) = {
+            let mut ra = RegionAllocator::with_source(
+                Config::default(),
+                Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap()),
+            )
+            .unwrap();
+            let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+            let mut objs = Vec::new();
+            for (i, &s) in sizes.iter().enumerate() {
+                for p in ra.balloc(s, r, 70).unwrap() {
+                    fill(p, s, i as u8 + 1);
+                    objs.push((p.as_ptr() as usize, s, i as u8 + 1));
+                }
+            }
+            let p = ra.pack(r).unwrap();
+            let mut bytes = Vec::new();
+            for run in &p.runs {
+                // SAFETY: runs are live memory of the allocator.
+                bytes.extend_from_slice(unsafe { core::slice::from_raw_parts(run.addr as *const u8, run.len) });
+            }
+            (p.encode(), bytes, objs)
+        };
+        let p = Packed::decode(&enc).unwrap();
+        let cfg = Config { min_slot, ..Config::default() };
+        let mut rb = RegionAllocator::with_source(cfg, Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap())).unwrap();
+        let mut off = 0;
+        let top = rb
+            .unpack(RegionId::ROOT, &p, |run, mem| {
+                mem.copy_from_slice(&bytes[off..off + run.len]);
+                off += run.len;
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("smallest slot {min_slot}: {e}"));
+        rb.check().unwrap();
+        assert_eq!(rb.region_stats(top).unwrap().objects, objs.len() as u64);
+        for &(a, s, v) in &objs {
+            let q = NonNull::new(a as *mut u8).unwrap();
+            assert!(holds(q, s, v));
+            assert_eq!(rb.object(q).unwrap(), (top, rb.slot_size_for(s).unwrap()));
+        }
+        rb.rfree(top).unwrap();
+        rb.check().unwrap();
+    }
+}
+
 /// Objects below the granule take slots of the next multiple of the smallest
 /// slot, four 16 B objects to a 64 B line; with the smallest slot at the
 /// granule every slot is a granule multiple.
