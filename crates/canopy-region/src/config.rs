@@ -78,8 +78,10 @@ impl Config {
         }
         if !min_slot_given {
             // A slab holds at most 4096 slots: with large slabs the smallest
-            // slot grows (up to the granule) unless it was set.
-            c.min_slot = c.min_slot.max(c.slab_size / 4096).min(c.granule.max(16));
+            // slot grows (up to the granule) unless it was set.  A power of
+            // two, so a bad slab size is reported as that, not as a bad
+            // smallest slot.
+            c.min_slot = c.min_slot.max((c.slab_size / 4096).next_power_of_two()).min(c.granule.max(16));
         }
         c.validate()?;
         Ok(c)

@@ -561,6 +561,12 @@ fn config_from_variables() {
     assert!(e.to_string().contains("CANOPY_REGION_MIN_SLOT"), "{e}");
     let c = Config::from_vars(vars(&[("CANOPY_REGION_MIN_SLOT", "64")])).unwrap();
     assert_eq!(c.min_slot, 64);
+    // A slab size that is not a power of two is reported as such, not as a
+    // smallest slot the user never set.
+    for slab in ["100000", "200K"] {
+        let e = Config::from_vars(move |name: &str| (name == "CANOPY_REGION_SLAB").then(|| slab.to_string())).unwrap_err();
+        assert!(e.to_string().starts_with("bad region configuration: slab size"), "{slab}: {e}");
+    }
 }
 
 #[test]
