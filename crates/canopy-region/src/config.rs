@@ -109,10 +109,12 @@ impl Config {
             return bad(format!("slab size {} is above 1 MiB", self.slab_size));
         }
         if self.slab_size / self.min_slot > 4096 {
+            let least = self.slab_size / 4096;
             return bad(format!(
-                "slab size / smallest slot = {} slots is more than 4096: make the smallest slot at least {} B",
+                "slab size / smallest slot = {} slots is more than 4096: make {} at least {least} B",
                 self.slab_size / self.min_slot,
-                self.slab_size / 4096
+                // The smallest slot is at most the granule.
+                if least > self.granule { "the granule and the smallest slot" } else { "the smallest slot" }
             ));
         }
         if !self.page_size.is_power_of_two() || self.page_size < self.slab_size {

@@ -557,6 +557,9 @@ fn config_from_variables() {
     assert_eq!(c.min_slot, 64);
     let e = Config::from_vars(vars(&[("CANOPY_REGION_SLAB", "256K"), ("CANOPY_REGION_MIN_SLOT", "16")])).unwrap_err();
     assert!(e.to_string().contains("at least 64 B"), "{e}");
+    // With a granule below that, the smallest slot cannot grow alone.
+    let e = Config::from_vars(vars(&[("CANOPY_REGION_SLAB", "256K"), ("CANOPY_REGION_GRANULE", "32")])).unwrap_err();
+    assert!(e.to_string().contains("the granule and the smallest slot at least 64 B"), "{e}");
     let e = Config::from_vars(vars(&[("CANOPY_REGION_MIN_SLOT", "lots")])).unwrap_err();
     assert!(e.to_string().contains("CANOPY_REGION_MIN_SLOT"), "{e}");
     let c = Config::from_vars(vars(&[("CANOPY_REGION_MIN_SLOT", "64")])).unwrap();
