@@ -516,6 +516,17 @@ impl RegionAllocator {
         (size <= self.cfg.slab_size).then(|| self.slot_size(self.class_of(size) as u16))
     }
 
+    /// For tests: the class and slot size of a request of `size` bytes
+    /// (`size <= slab size`) as the allocation fast path finds them in
+    /// `by16`, and as `class_raw` and the class table give them; and the
+    /// length of `by16`.
+    #[cfg(test)]
+    pub(crate) fn slot_lookups(&self, size: usize) -> ((usize, usize), (usize, usize), usize) {
+        let t = self.by16[(size + 15) >> 4];
+        let c = self.class_raw(size);
+        ((t.class as usize, t.size as usize), (c, self.slot_size(c as u16)), self.by16.len())
+    }
+
     // -----------------------------------------------------------------
     // Regions
     // -----------------------------------------------------------------

@@ -471,6 +471,103 @@ fn small_objects_take_small_slots() {
     m.check().unwrap();
 }
 
+/// Shapes of slot sizes the tests below go through: the default, granule
+/// multiples throughout (16 B, and Myrmics' 64 B), a smallest slot between
+/// 16 B and the granule, the smallest slot and the granule at their largest
+/// for the slab, and large slabs.
+fn slot_shapes() -> Vec<Config> {
+    [
+        (64, 16, 4096),
+        (16, 16, 4096),
+        (128, 32, 4096),
+        (64, 64, 4096),
+        (4096, 16, 4096),
+        (64, 16, 64 << 10),
+        (64, 64, 256 << 10),
+        (1024, 256, 1 << 20),
+    ]
+    .into_iter()
+    .map(|(granule, min_slot, slab_size)| Config { granule, min_slot, slab_size, page_size: slab_size.max(1 << 20), ..Config::default() })
+    .collect()
+}
+
+/// For every request size up to the slab (and one past it), in every shape:
+/// the slot is the next multiple of the smallest slot below the granule and
+/// of the granule from there; classes are dense (1..=tiny the small slots,
+/// then the granule multiples); and the fast path's table, indexed by the
+/// request's 16 B multiple up to slab size / 16, agrees with the formula.
+#[test]
+fn slot_classes_agree_with_the_table_in_every_shape() {
+    for cfg in slot_shapes() {
+        let ra = RegionAllocator::with_config(cfg.clone()).unwrap();
+        let tiny = cfg.granule / cfg.min_slot - 1;
+        for size in 0..=cfg.slab_size + 1 {
+            let s = size.max(1);
+            let want = if s < cfg.granule { s.next_multiple_of(cfg.min_slot) } else { s.next_multiple_of(cfg.granule) };
+            if size > cfg.slab_size {
+                assert_eq!(ra.slot_size_for(size), None, "{cfg:?}: size {size}");
+                continue;
+            }
+            assert_eq!(ra.slot_size_for(size), Some(want), "{cfg:?}: size {size}");
+            let (table, formula, len) = ra.slot_lookups(size);
+            assert_eq!(len, cfg.slab_size / 16 + 1, "{cfg:?}");
+            assert_eq!(table, formula, "{cfg:?}: size {size}");
+            if size == 0 {
+                assert_eq!(table, (0, 0), "size 0 takes the slow path");
+                continue;
+            }
+            let class = if want < cfg.granule { want / cfg.min_slot } else { tiny + want / cfg.granule };
+            assert_eq!(table, (class, want), "{cfg:?}: size {size}");
+        }
+    }
+}
+
+/// Every slot size of every shape: a slab's worth and more by `alloc` and
+/// by `balloc`, each object aligned to its slot size's power of two, apart
+/// from the others, counted in the region's bytes, with interior pointers
+/// refused, reallocs within the slot kept in place, and every free taken.
+#[test]
+fn every_slot_size_of_every_shape() {
+    for cfg in slot_shapes() {
+        let mut ra = RegionAllocator::with_config(cfg.clone()).unwrap();
+        let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+        let mut slots: Vec<usize> = (1..).map(|k| k * cfg.min_slot).take_while(|&s| s < cfg.granule).collect();
+        slots.extend((1..=cfg.slab_size / cfg.granule).map(|k| k * cfg.granule));
+        for slot in slots {
+            let step = if slot <= cfg.granule { cfg.min_slot } else { cfg.granule };
+            let smallest = slot + 1 - step.min(slot);
+            let n = (cfg.slab_size / slot).min(300);
+            let mut v: Vec<NonNull<u8>> = (0..n + 2).map(|_| ra.alloc(smallest, r).unwrap()).collect();
+            v.extend(ra.balloc(slot, r, n + 3).unwrap());
+            let mut addrs: Vec<usize> = v.iter().map(|p| p.as_ptr() as usize).collect();
+            addrs.sort_unstable();
+            assert!(addrs.windows(2).all(|w| w[1] - w[0] >= slot), "{cfg:?}: slot {slot}");
+            for &p in &v {
+                assert_eq!(ra.object(p).unwrap(), (r, slot), "{cfg:?}");
+                assert_eq!(p.as_ptr() as usize % (1 << slot.trailing_zeros()), 0, "{cfg:?}: slot {slot}");
+            }
+            assert_eq!(ra.region_stats(r).unwrap().bytes, (v.len() * slot) as u64);
+            for &p in &v[..2] {
+                for off in [1, 8, 16, slot / 2, slot - 1] {
+                    if off == 0 || off >= slot {
+                        continue;
+                    }
+                    let q = NonNull::new(p.as_ptr().wrapping_add(off)).unwrap();
+                    assert!(matches!(ra.free(q), Err(RegionError::Interior { .. })), "{cfg:?}: slot {slot} + {off}");
+                }
+                assert_eq!(ra.realloc(p, smallest, None).unwrap(), p);
+                assert_eq!(ra.realloc(p, slot, None).unwrap(), p);
+            }
+            ra.check().unwrap();
+            for p in v {
+                ra.free(p).unwrap();
+            }
+            assert_eq!(ra.region_stats(r).unwrap().objects, 0);
+            ra.check().unwrap();
+        }
+    }
+}
+
 pub(crate) fn build_list(ra: &mut RegionAllocator, r: RegionId, n: u64) -> *mut u8 {
     let mut prev: *mut u8 = core::ptr::null_mut();
     for i in 0..n {

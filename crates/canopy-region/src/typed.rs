@@ -176,4 +176,35 @@ mod tests {
         assert!(regions.alloc(child, 1u8).is_err());
         regions.allocator().check().unwrap();
     }
+
+    /// Types aligned above the smallest slot but smaller than the granule
+    /// get slots of a multiple of their alignment, in every shape of slots.
+    #[test]
+    fn small_overaligned_types_are_aligned() {
+        #[derive(Clone, Copy)]
+        #[repr(align(32))]
+        struct A32(u8);
+        #[derive(Clone, Copy)]
+        #[repr(align(64))]
+        struct A64(u8);
+        #[derive(Clone, Copy)]
+        #[repr(align(64))]
+        struct Z64;
+        for (granule, min_slot) in [(64, 16), (16, 16), (128, 32), (64, 64), (32, 16)] {
+            let mut regions = Regions::with_config(Config { granule, min_slot, ..Config::default() }).unwrap();
+            let r = regions.region(RegionId::ROOT).unwrap();
+            for i in 0..100u8 {
+                let a = regions.alloc(r, A32(i)).unwrap();
+                assert_eq!(a as *const A32 as usize % 32, 0, "granule {granule}, smallest slot {min_slot}");
+                let b = regions.alloc(r, A64(i)).unwrap();
+                assert_eq!(b as *const A64 as usize % 64, 0, "granule {granule}, smallest slot {min_slot}");
+                let z = regions.alloc(r, Z64).unwrap();
+                assert_eq!(z as *const Z64 as usize % 64, 0);
+                let s = regions.alloc_slice(r, &[A32(i); 3]).unwrap();
+                assert_eq!(s.as_ptr() as usize % 32, 0);
+                assert_eq!((a.0, b.0, s[2].0), (i, i, i));
+            }
+            regions.allocator().check().unwrap();
+        }
+    }
 }
