@@ -182,8 +182,10 @@ pub(crate) struct Region {
 }
 
 impl Region {
-    pub(crate) fn new_dead(classes: usize) -> Region {
-        Region::new(classes)
+    /// An entry for a slot that no region uses yet: it gets its slot-size
+    /// lists when a region is attached to it.
+    pub(crate) fn new_dead() -> Region {
+        Region::new(0)
     }
 
     fn new(classes: usize) -> Region {
@@ -555,8 +557,12 @@ impl RegionAllocator {
     pub(crate) fn attach(&mut self, slot: usize, p: usize, level_hint: i32) {
         let depth = self.regions[p].depth + 1;
         let old_first = self.regions[p].first_child;
+        let classes = self.slots.len();
         {
             let r = &mut self.regions[slot];
+            if r.sizes.len() != classes {
+                r.sizes = vec![SizeList::EMPTY; classes].into_boxed_slice();
+            }
             debug_assert!(!r.alive && r.sizes.iter().all(|l| l.head == NIL && l.word == NO_WORD));
             r.alive = true;
             r.parent = p as u32;
@@ -1178,7 +1184,10 @@ impl RegionAllocator {
         let off = a - s.addr;
         let idx = off / size;
         if idx >= self.slots[s.class as usize] as usize {
-            return Err(RegionError::NotAllocated { ptr: a, region: self.rid(s.region) });
+            return Err(RegionError::Invalid(format!(
+                "{a:#x} is in the unused tail of a slab of {size} B slots in region {}, past its last slot",
+                self.rid(s.region)
+            )));
         }
         let word = self.bits[self.word_index(sid, idx / 64)];
         if word & (1 << (idx % 64)) != 0 {

@@ -64,7 +64,7 @@ mod typed;
 pub use allocator::{AllocatorStats, RegionAllocator, RegionId, RegionStats};
 pub use config::Config;
 pub use error::RegionError;
-pub use pack::{Packed, PackedRegion, PackedSlab, Run};
+pub use pack::{Packed, PackedRegion, PackedSlab, Run, MAX_UNPACK_GROWTH};
 pub use source::{FixedRange, GlobalHeap, PageSource};
 pub use typed::Regions;
 

@@ -97,6 +97,13 @@ pub struct Packed {
 
 const MAGIC: &[u8; 8] = b"CNPYRGN1";
 
+/// How many entries unpacking may add to the region table: packed ids keep
+/// their slots, and a slot far beyond the table's end would make the
+/// receiver create every entry up to it (a hostile description of a few
+/// bytes could ask for billions).  Entries never used take no slot-size
+/// lists, about 128 bytes each.
+pub const MAX_UNPACK_GROWTH: usize = 1 << 20;
+
 impl Packed {
     /// Bytes of memory in the runs.
     pub fn bytes(&self) -> usize {
@@ -520,7 +527,7 @@ impl RegionAllocator {
     fn revive(&mut self, id: RegionId, p: usize, level_hint: i32) -> usize {
         let slot = id.slot();
         while self.regions.len() <= slot {
-            self.regions.push(crate::allocator::Region::new_dead(self.slots.len()));
+            self.regions.push(crate::allocator::Region::new_dead());
             let s = self.regions.len() - 1;
             if s != slot {
                 self.free_slots_push(s as u32);
@@ -566,6 +573,15 @@ impl RegionAllocator {
             }
             if !ids.insert(r.id) {
                 return bad(format!("region {} appears twice", r.id));
+            }
+            if r.id.slot() >= self.regions.len().saturating_add(MAX_UNPACK_GROWTH) {
+                return bad(format!(
+                    "region {} would grow this allocator's region table from {} to {} entries (unpacking adds at most {})",
+                    r.id,
+                    self.regions.len(),
+                    r.id.slot() as u64 + 1,
+                    MAX_UNPACK_GROWTH
+                ));
             }
             if r.id != RegionId::ROOT {
                 if let Some(here) = self.regions.get(r.id.slot()) {

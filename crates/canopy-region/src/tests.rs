@@ -568,6 +568,62 @@ fn every_slot_size_of_every_shape() {
     }
 }
 
+/// A description whose region ids lie far beyond the region table would make
+/// the receiver create every table entry up to them: refused, nothing made.
+#[test]
+fn unpack_refuses_region_ids_far_beyond_the_table() {
+    let mut ra = RegionAllocator::new();
+    let before = ra.stats();
+    for slot in [u32::MAX - 1, (MAX_UNPACK_GROWTH + 10) as u32] {
+        let p = Packed {
+            slab_size: ra.config().slab_size,
+            granule: ra.config().granule,
+            regions: vec![PackedRegion { id: RegionId::new(slot, 7), parent: None, level_hint: 0 }],
+            slabs: Vec::new(),
+            runs: Vec::new(),
+        };
+        let p = Packed::decode(&p.encode()).unwrap();
+        let e = ra.unpack(RegionId::ROOT, &p, |_, _| Ok(())).unwrap_err();
+        assert!(matches!(e, RegionError::Unpack(_)), "{e}");
+        assert!(e.to_string().contains("region table"), "{e}");
+    }
+    assert_eq!(ra.stats(), before);
+    ra.check().unwrap();
+    // Within the bound the table grows, and the unused entries cost no lists.
+    let p = Packed {
+        slab_size: ra.config().slab_size,
+        granule: ra.config().granule,
+        regions: vec![PackedRegion { id: RegionId::new(1000, 3), parent: None, level_hint: 2 }],
+        slabs: Vec::new(),
+        runs: Vec::new(),
+    };
+    let top = ra.unpack(RegionId::ROOT, &p, |_, _| Ok(())).unwrap();
+    assert_eq!(top, RegionId::new(1000, 3));
+    ra.check().unwrap();
+    // The slots skipped over serve new regions.
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let x = ra.alloc(40, r).unwrap();
+    ra.free(x).unwrap();
+    ra.rfree(top).unwrap();
+    ra.rfree(r).unwrap();
+    ra.check().unwrap();
+}
+
+/// A pointer past the last slot of a slab (into its unused tail) is not an
+/// object, and the error says so rather than suggesting a double free.
+#[test]
+fn a_pointer_into_a_slab_tail_is_named_as_such() {
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let p = ra.alloc(48, r).unwrap(); // 85 slots of 48 B, 16 B of tail
+    let slab = p.as_ptr() as usize & !4095;
+    let tail = NonNull::new((slab + 85 * 48) as *mut u8).unwrap();
+    let e = ra.free(tail).unwrap_err();
+    assert!(matches!(e, RegionError::Invalid(_)) && e.to_string().contains("unused tail"), "{e}");
+    ra.free(p).unwrap();
+    ra.check().unwrap();
+}
+
 pub(crate) fn build_list(ra: &mut RegionAllocator, r: RegionId, n: u64) -> *mut u8 {
     let mut prev: *mut u8 = core::ptr::null_mut();
     for i in 0..n {
