@@ -388,7 +388,9 @@ impl RegionAllocator {
                 } else {
                     v.push((sl.addr, 1 << self.slab_shift));
                     let n = self.slots[sl.class as usize] as usize;
-                    let allocated = (0..self.wps)
+                    // As many words as the slab's slots need (a slab of
+                    // 64 B slots one, of 16 B slots four).
+                    let allocated = (0..n.div_ceil(64))
                         .map(|w| {
                             let lo = w * 64;
                             let mask = if n >= lo + 64 { !0 } else if n > lo { (1u64 << (n - lo)) - 1 } else { 0 };

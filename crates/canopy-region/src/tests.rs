@@ -244,6 +244,12 @@ fn packed_list_is_a_few_runs() {
     let per_slab = 4096 / ra.slot_size_for(32).unwrap();
     assert_eq!(per_slab, 128, "32 B nodes take 32 B slots");
     assert_eq!(packed.bytes(), 30_000usize.div_ceil(per_slab) * 4096);
+    // A slab's bitmap in the description has the words its slots need.
+    for s in &packed.slabs {
+        if let PackedSlab::Slots { slot_size, allocated, .. } = s {
+            assert_eq!((*slot_size, allocated.len()), (32, 2));
+        }
+    }
     assert_eq!(Packed::decode(&packed.encode()).unwrap(), packed);
 }
 
