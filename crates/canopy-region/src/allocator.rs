@@ -756,15 +756,16 @@ impl RegionAllocator {
         // free slot: take its lowest bit.  Everything else (no cursor, size
         // 0 or above a slab, a bad id) is `alloc_slow`, out of line.
         let s = rid.slot();
-        if let Some(r) = self.regions.get(s) {
-            if r.key == rid.get() && size <= self.cfg.slab_size {
-                // Size 0 gives class 0, whose cursor is always NO_WORD.
-                // SAFETY: size <= slab size, so the index is at most slab
-                // size / 16, the last entry of by16.
-                let SlotOf { class, size: slot } = unsafe { *self.by16.get_unchecked((size + 15) >> 4) };
+        // Size 0 gives class 0, whose cursor is always NO_WORD; a size above
+        // the slab (or near usize::MAX, which wraps to index 0) has no entry
+        // or class 0.  by16 has an entry for every index up to slab size / 16.
+        if let (Some(r), Some(&SlotOf { class, size: slot })) =
+            (self.regions.get(s), self.by16.get(size.wrapping_add(15) >> 4))
+        {
+            if r.key == rid.get() {
                 let (class, slot) = (class as usize, slot as usize);
-                debug_assert_eq!((class, slot), (self.class_raw(size), self.cls[self.class_raw(size)].size as usize));
-                // SAFETY: class < classes = sizes.len().
+                debug_assert!(size == 0 || size > usize::MAX - 15 || (class, slot) == (self.class_raw(size), self.cls[self.class_raw(size)].size as usize));
+                // SAFETY: class < classes = sizes.len() (by16 holds classes).
                 let l = unsafe { *r.sizes.get_unchecked(class) };
                 // SAFETY: a cursor is NO_WORD (index 0) or a word of a slab in
                 // the table (`SizeList` invariant); `bits` holds both.
