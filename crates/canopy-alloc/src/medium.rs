@@ -350,8 +350,9 @@ impl Medium {
         }
     }
 
-    /// Merge adjacent free chunks in every page; a run that ends at a page's
-    /// bump offset lowers it.  Empty pages other than the current go back.
+    /// Merge adjacent free chunks in every page; a run that ends at the
+    /// current page's bump offset lowers it (in another page it is binned).
+    /// Empty pages other than the current go back.
     unsafe fn coalesce(&mut self, counters: &mut HeapCounters) {
         let mut page = self.page_list;
         while !page.is_null() {
@@ -387,7 +388,10 @@ impl Medium {
                         (*n).tag = 0;
                         run += (*n).size as usize;
                     }
-                    if off + run == top {
+                    // Only the current page is bumped from: a run at the
+                    // top of another page goes to a bin, or it would be
+                    // lost until the page empties.
+                    if off + run == top && page == self.current {
                         (*page).a = off as u32;
                         (*c).tag = 0;
                         (*c).state = 0;

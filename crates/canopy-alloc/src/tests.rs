@@ -1046,3 +1046,68 @@ fn a_span_whose_tail_is_known_clean_is_not_trimmed_again() {
     assert!(trims <= 4, "{trims} trims in {rounds} rounds of the same short chunk");
     check_invariants().unwrap();
 }
+
+/// The first unit of the 1 MiB page holding `p`.
+fn page_of(p: *mut u8) -> usize {
+    unit_index(p as usize) & !(arena::PAGE_UNITS - 1)
+}
+
+/// In the calling thread: fill one medium page (`P`) with 10 KiB chunks of
+/// its own, move the current page on, and free every chunk of `P` but the
+/// first `keep`.  Returns `P` and the chunks still live (those of `P` kept,
+/// and the ones on other pages).
+fn a_medium_page_freed_down_to(keep: usize) -> (usize, Vec<*mut u8>) {
+    let size = 10 << 10;
+    let mut live: Vec<*mut u8> = Vec::new();
+    let mut target = None;
+    loop {
+        let p = alloc(size);
+        assert!(!p.is_null());
+        live.push(p);
+        let off = p as usize & (arena::PAGE - 1);
+        match target {
+            // A chunk at the start of a page: the page was bumped from 0.
+            None if off == 16 => target = Some(page_of(p)),
+            Some(t) if page_of(p) != t => break, // P is full, current moved on
+            _ => {}
+        }
+        assert!(live.len() < 10_000, "no medium page filled");
+    }
+    let t = target.unwrap();
+    let mut on_t = 0;
+    live.retain(|&p| {
+        if page_of(p) != t {
+            return true;
+        }
+        on_t += 1;
+        if on_t <= keep {
+            return true;
+        }
+        unsafe { free(p) };
+        false
+    });
+    (t, live)
+}
+
+#[test]
+fn free_medium_memory_of_a_page_that_is_not_current_is_reused() {
+    let _g = shared();
+    // Page P keeps one live chunk at its start; the rest of it is free.
+    // Requests too large for P's free chunks one by one must get P's free
+    // run once chunks are coalesced, not new pages.
+    let (landed, left) = std::thread::spawn(|| {
+        let (t, live) = a_medium_page_freed_down_to(1);
+        let big: Vec<*mut u8> = (0..48).map(|_| alloc(200 << 10)).collect();
+        let landed = big.iter().filter(|&&p| page_of(p) == t).count();
+        check_invariants().unwrap();
+        let left = unsafe { (*tls_heap()).medium.pages };
+        for p in big.into_iter().chain(live) {
+            unsafe { free(p) };
+        }
+        check_invariants().unwrap();
+        (landed, left)
+    })
+    .join()
+    .unwrap();
+    assert!(landed >= 3, "{landed} of 48 chunks of 200 KiB reused the free ~1 MiB of a page with one live chunk ({left} pages)");
+}
