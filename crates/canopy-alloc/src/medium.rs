@@ -352,14 +352,15 @@ impl Medium {
 
     /// Merge adjacent free chunks in every page; a run that ends at the
     /// current page's bump offset lowers it (in another page it is binned).
-    /// Empty pages other than the current go back.
+    /// Empty pages other than the current go back (unless `keep_pages`).
     unsafe fn coalesce(&mut self, counters: &mut HeapCounters) {
         let mut page = self.page_list;
         while !page.is_null() {
             // SAFETY: pages and chunks of this heap.
             unsafe {
                 let next_page = (*page).next;
-                if (*page).used == 0 && page != self.current {
+                // A heap that keeps its pages coalesces its empty ones too.
+                if (*page).used == 0 && page != self.current && !self.keep_pages {
                     self.release_page(counters, page);
                     page = next_page;
                     continue;

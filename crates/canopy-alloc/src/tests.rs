@@ -1111,3 +1111,39 @@ fn free_medium_memory_of_a_page_that_is_not_current_is_reused() {
     .unwrap();
     assert!(landed >= 3, "{landed} of 48 chunks of 200 KiB reused the free ~1 MiB of a page with one live chunk ({left} pages)");
 }
+
+#[test]
+fn a_heap_whose_inbox_broke_still_reuses_its_empty_medium_pages() {
+    let _g = serial();
+    if options().check {
+        return; // check mode aborts at the double free that breaks the inbox
+    }
+    let (landed, pages) = std::thread::spawn(|| {
+        // Break this heap's inbox as `a_heap_whose_inbox_broke_is_retired_with_its_memory` does.
+        let r = alloc(64) as usize;
+        std::thread::spawn(move || unsafe { free(r as *mut u8) }).join().unwrap();
+        // SAFETY: r is a block of this heap in flight to it; clearing its
+        // tag stands in for a racing second free.
+        unsafe {
+            (*(r as *mut arena::Block)).tag = 0;
+            free(r as *mut u8);
+        }
+        collect();
+        // SAFETY: our own heap, read by its owner.
+        assert!(unsafe { (*tls_heap()).inbox_broken });
+        // Page P empties; the heap keeps it, and must be able to use it
+        // for chunks larger than the ones it held.
+        let (t, live) = a_medium_page_freed_down_to(0);
+        let big: Vec<*mut u8> = (0..48).map(|_| alloc(200 << 10)).collect();
+        let landed = big.iter().filter(|&&p| page_of(p) == t).count();
+        check_invariants().unwrap();
+        let pages = unsafe { (*tls_heap()).medium.pages };
+        for p in big.into_iter().chain(live) {
+            unsafe { free(p) };
+        }
+        (landed, pages)
+    })
+    .join()
+    .unwrap();
+    assert!(landed >= 3, "{landed} of 48 chunks of 200 KiB reused an empty page kept by a heap whose inbox broke ({pages} pages)");
+}
