@@ -149,7 +149,8 @@ pub struct Desc {
     pub prev: *mut Desc,
     /// SMALL: bytes carved so far.  Spans: length in units.  MEDIUM first unit: bump offset.
     pub a: u32,
-    /// SMALL: block size.  LARGE: requested size (saturating).
+    /// SMALL: block size.  LARGE: requested size (saturating), raised by a
+    /// `realloc` that keeps the chunk for more.
     pub b: u32,
 }
 

@@ -789,6 +789,8 @@ pub unsafe fn realloc(p: *mut u8, new_size: usize) -> *mut u8 {
         return ptr::null_mut();
     };
     if new_size <= usable && new_size >= usable / 2 {
+        // SAFETY: p is a live block (usable_size_checked said so).
+        unsafe { large_grows_in_its_span(p, new_size) };
         return p;
     }
     if usable > MEDIUM_MAX && new_size > MEDIUM_MAX {
@@ -813,6 +815,30 @@ pub unsafe fn realloc(p: *mut u8, new_size: usize) -> *mut u8 {
         free_from(p, "realloc");
     }
     q
+}
+
+/// `realloc` keeps `p` for `new_size` bytes within its span.  If `p` is a
+/// large chunk asked for fewer bytes, the program may now write up to
+/// `new_size`: the requested size, from which `free_large` marks the span's
+/// pages clean, grows with it (otherwise pages the program wrote would be
+/// marked clean, and a later chunk cut from the span would skip its trim).
+///
+/// # Safety
+/// `p` is a live block.
+unsafe fn large_grows_in_its_span(p: *mut u8, new_size: usize) {
+    // SAFETY: p is a live block of the arena, so its unit index is below
+    // MAX_UNITS; a live large chunk's kind and size change only through the
+    // program's calls for that chunk.
+    let d = unsafe { desc(unit_index(p as usize)) };
+    // SAFETY: as above.
+    if unsafe { (*d).kind != kind::LARGE || new_size <= (*d).b as usize } {
+        return;
+    }
+    let locked = solo::lock();
+    // SAFETY: global lock held (as for every change of a large chunk's
+    // descriptor); d heads the live chunk p.
+    unsafe { (*d).b = new_size.min(u32::MAX as usize) as u32 };
+    solo::unlock(locked);
 }
 
 /// Grow a large chunk into the free span after it, or shrink it by giving

@@ -1147,3 +1147,33 @@ fn a_heap_whose_inbox_broke_still_reuses_its_empty_medium_pages() {
     .unwrap();
     assert!(landed >= 3, "{landed} of 48 chunks of 200 KiB reused an empty page kept by a heap whose inbox broke ({pages} pages)");
 }
+
+#[test]
+fn a_large_chunk_grown_in_its_span_by_realloc_leaves_no_false_clean_mark() {
+    let _g = serial();
+    if options().huge_pages {
+        return; // no trims at all with huge pages
+    }
+    let page = canopy_sys::page_size();
+    let ask: usize = 20 << 10;
+    let tail_from = ask.next_multiple_of(page);
+    for round in 0..50 {
+        // A one-unit chunk asked for 20 KiB, grown by realloc to 60 KiB
+        // (within its span: same pointer), written, freed.
+        let p = alloc_aligned(ask, UNIT);
+        assert!(!p.is_null());
+        let q = unsafe { realloc(p, 60 << 10) };
+        assert_eq!(q, p, "realloc within the span moves nothing");
+        fill(q, 60 << 10, round as u8);
+        unsafe { free(q) };
+        // The next short chunk from that span must not find its tail in
+        // memory: the marks must not say the written pages are clean.
+        let r = alloc_aligned(ask, UNIT);
+        assert!(!r.is_null());
+        // SAFETY: only the chunk's own unit is inspected.
+        let tail = unsafe { r.add(tail_from) };
+        assert_eq!(resident_pages(tail, UNIT - tail_from), 0, "round {round}: tail of {r:p} (the grown chunk was {q:p}) is in memory");
+        unsafe { free(r) };
+    }
+    check_invariants().unwrap();
+}
