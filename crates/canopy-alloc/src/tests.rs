@@ -1177,3 +1177,38 @@ fn a_large_chunk_grown_in_its_span_by_realloc_leaves_no_false_clean_mark() {
     }
     check_invariants().unwrap();
 }
+
+#[test]
+fn after_fork_the_child_counts_only_its_own_live_heap() {
+    let _g = serial();
+    let p = alloc(64); // this thread has a heap
+    assert!(!p.is_null());
+    // Another thread with a heap, alive across the fork.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || {
+        let q = alloc(64);
+        ready_tx.send(()).unwrap();
+        rx.recv().unwrap();
+        unsafe { free(q) };
+    });
+    ready_rx.recv().unwrap();
+    // SAFETY: the child only reads atomics and the TLS slot, then _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let live = crate::thread::LIVE_HEAPS.load(canopy_sync::prim::Ordering::Relaxed);
+        let want = usize::from(crate::thread::has_live_heap());
+        // SAFETY: _exit ends the child without running the parent's handlers.
+        unsafe { libc::_exit(if live == want { 0 } else { 10 + live.min(100) as i32 }) };
+    }
+    let mut status = 0;
+    // SAFETY: pid is our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    tx.send(()).unwrap();
+    other.join().unwrap();
+    unsafe { free(p) };
+    assert!(libc::WIFEXITED(status));
+    let code = libc::WEXITSTATUS(status);
+    assert_eq!(code, 0, "the child counted {} live heaps, it has one thread (with a heap)", code - 10);
+}

@@ -260,5 +260,9 @@ extern "C" fn fork_child() {
             h = (*h).next_all;
         }
     }
+    // The heaps of the threads that did not come along are dead: only this
+    // thread's can be live (the statistics, and solo periods, which begin
+    // only when one heap is live).
+    LIVE_HEAPS.store(usize::from(has_live_heap()), Ordering::Relaxed);
     solo::unlock_after_fork_child();
 }
