@@ -173,6 +173,11 @@ impl Medium {
                 let c = self.bins[b];
                 if !c.is_null() {
                     self.bin_remove(c);
+                    if b == MEDIUM_CLASSES - 1 {
+                        // The last bin holds every longer run too (up to a
+                        // whole page): keep only what the class needs.
+                        self.split(c, need);
+                    }
                     return self.make_used(c, cls);
                 }
                 // 2. bump the current page

@@ -1212,3 +1212,25 @@ fn after_fork_the_child_counts_only_its_own_live_heap() {
     let code = libc::WEXITSTATUS(status);
     assert_eq!(code, 0, "the child counted {} live heaps, it has one thread (with a heap)", code - 10);
 }
+
+#[test]
+fn a_chunk_of_the_largest_medium_class_takes_only_what_it_needs_from_a_long_free_run() {
+    let _g = shared();
+    // As in `free_medium_memory_of_a_page_that_is_not_current_is_reused`,
+    // with requests of the largest medium class, whose bin holds every free
+    // run longer than it: the ~1 MiB run of page P holds three of them.
+    let landed = std::thread::spawn(|| {
+        let (t, live) = a_medium_page_freed_down_to(1);
+        let big: Vec<*mut u8> = (0..48).map(|_| alloc(250 << 10)).collect();
+        let landed = big.iter().filter(|&&p| page_of(p) == t).count();
+        check_invariants().unwrap();
+        for p in big.into_iter().chain(live) {
+            unsafe { free(p) };
+        }
+        check_invariants().unwrap();
+        landed
+    })
+    .join()
+    .unwrap();
+    assert!(landed >= 3, "{landed} of 48 chunks of 250 KiB were cut from the free ~1 MiB of a page with one live chunk");
+}
