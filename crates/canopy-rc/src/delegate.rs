@@ -287,22 +287,6 @@ impl Counter {
     /// The caller holds the drain lock; `release` only on the counting
     /// thread.
     unsafe fn round(&self, release: bool) -> usize {
-        let gen = self.generation.load(Ordering::Acquire);
-        // SAFETY (cells, here and below): we hold the drain lock (contract).
-        if self.seen_generation.with(|g| unsafe { *g }) != gen {
-            let fresh = core::mem::take(&mut *lock(&self.new_lanes));
-            self.lanes.with_mut(|l| unsafe {
-                for lane in fresh {
-                    let h = lane.ring.head();
-                    (*l).push(Inbound {
-                        lane,
-                        inc_done: h,
-                        round_tail: h,
-                    });
-                }
-            });
-            self.seen_generation.with_mut(|g| unsafe { *g = gen });
-        }
         let mut applied = 0usize;
         let mut freed = 0u64;
         let mut backlog = 0u64;
@@ -311,6 +295,7 @@ impl Counter {
         // sender but never touches this counter's lane list or zero list.
         self.lanes.with_mut(|lanes| unsafe {
             let lanes = &mut *lanes;
+            self.adopt_new_lanes(lanes);
             // Objects whose count went to <= 0 this round, plus last round's.
             let mut zero: Vec<usize> = self.zero.with_mut(|z| core::mem::take(&mut *z));
             // Step 1: the extent of this round's decrements and queries.
@@ -358,6 +343,12 @@ impl Counter {
             // Step 4, the check: every sender's pending increment, then the
             // increments published up to tails read after those.
             if !zero.is_empty() || !queries.is_empty() {
+                // Lanes registered since the round began: a sender that
+                // registered before a decrement or query of this round was
+                // published (step 1 read its tail, Acquire) may hold a
+                // pending increment that causally precedes it; without its
+                // lane the check would miss it (a false 1, an early free).
+                self.adopt_new_lanes(lanes);
                 let mut pend: Vec<usize> = Vec::new();
                 for ib in lanes.iter() {
                     // Acquire: pairs with the Release stores in `Sender`: an
@@ -415,6 +406,30 @@ impl Counter {
             self.applied.store(total, Ordering::Release);
         }
         applied
+    }
+
+    /// Add the lanes registered since the last look to `lanes` (their words
+    /// from the current head on are this counter's to apply).
+    ///
+    /// # Safety
+    /// The caller holds the drain lock; `lanes` is the counter's lane list.
+    unsafe fn adopt_new_lanes(&self, lanes: &mut Vec<Inbound>) {
+        // Acquire: pairs with the Release in `register`; a generation read
+        // after the registration (in happens-before order) sees it.
+        let gen = self.generation.load(Ordering::Acquire);
+        // SAFETY (cells): we hold the drain lock (contract).
+        if self.seen_generation.with(|g| unsafe { *g }) != gen {
+            let fresh = core::mem::take(&mut *lock(&self.new_lanes));
+            for lane in fresh {
+                let h = lane.ring.head();
+                lanes.push(Inbound {
+                    lane,
+                    inc_done: h,
+                    round_tail: h,
+                });
+            }
+            self.seen_generation.with_mut(|g| unsafe { *g = gen });
+        }
     }
 
     /// Words published to this counter and not consumed when its last round

@@ -460,3 +460,65 @@ fn biased_two_others_queue_once() {
         }
     });
 }
+
+/// A thread whose sender is created while a round of the counting thread is
+/// already under way: thread 1 holds the original reference, creates its
+/// sender (registering its lane), clones (the increment stays pending in the
+/// new lane) and hands the clone to thread 2, which asks `getrc`.  The round
+/// that answers may have picked up its lanes before thread 1's registered;
+/// its check must still see thread 1's pending increment, so `getrc` never
+/// answers 1 while thread 1 holds its original.  Released exactly once.
+#[test]
+fn getrc_sees_pending_increment_of_a_lane_registered_mid_round() {
+    model(|| {
+        let d = Arc::new(Domain::new(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let o = new_obj();
+        let ou = o as usize;
+        let s2 = Sender::new(d.clone(), true);
+        let ct = counter(&d, &stop);
+        let d1 = d.clone();
+        let t1 = loom::thread::spawn(move || {
+            let o = ou as *const Obj;
+            let mut s1 = Sender::new(d1, true);
+            s1.inc(o as *const DCount); // the clone handed to thread 2: pending
+            let t2 = loom::thread::spawn(move || {
+                let mut s2 = s2;
+                let o = ou as *const Obj;
+                // SAFETY: thread 2 holds the clone until its `dec`.
+                let n = s2.getrc(o as *const DCount);
+                assert!(n >= 1, "getrc under-reports: {n}");
+                if n == 1 {
+                    unsafe {
+                        assert!(
+                            !(*o).t1_holds.load(Ordering::Relaxed),
+                            "getrc said 1 while thread 1 holds a reference"
+                        );
+                        (*o).data.with_mut(|p| *p = 1);
+                    }
+                }
+                s2.dec(o as *const DCount);
+                drop(s2);
+            });
+            // SAFETY: thread 1 holds its original until its `dec`.
+            let v = unsafe { (*o).data.with(|p| *p) };
+            assert_eq!(v, 0, "thread 1 reads the original data");
+            unsafe { (*o).t1_holds.store(false, Ordering::Relaxed) };
+            s1.dec(o as *const DCount); // the original (cancels the pending increment)
+            drop(s1);
+            t2.join().unwrap();
+        });
+        t1.join().unwrap();
+        stop.store(true, Ordering::Release);
+        ct.join().unwrap();
+        // SAFETY: every thread is done with the object.
+        unsafe {
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                1,
+                "released exactly once"
+            );
+            drop(Box::from_raw(o));
+        }
+    });
+}
