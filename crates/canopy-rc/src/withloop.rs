@@ -391,6 +391,7 @@ fn par_box(
     }
     let chunk = (vol / (threads * 8)).max(grain).max(1);
     let n = vol.div_ceil(chunk);
+    let _unwind = AfterParallelOnUnwind;
     (0..n).into_par_iter().for_each(|c| {
         let r = c * chunk..((c + 1) * chunk).min(vol);
         visit_chunk(lo, hi, &st, r, &mut |iv, o| f(iv, o));
@@ -403,6 +404,20 @@ fn par_box(
 fn after_parallel() {
     crate::delegated::flush_all_workers();
     crate::biased::merge_pending();
+}
+
+/// Runs [`after_parallel`] if dropped while a parallel region's panic
+/// propagates (the caller's own call is then skipped): the workers' count
+/// operations would otherwise stay pending until their next count operation,
+/// keeping the arrays they name alive.
+struct AfterParallelOnUnwind;
+
+impl Drop for AfterParallelOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            after_parallel();
+        }
+    }
 }
 
 /// Apply the generators to initialised data at `data` (shape `shape`).
@@ -545,10 +560,12 @@ where
     }
     let chunk = (vol / (threads * 8)).max(DEFAULT_GRAIN);
     let n = vol.div_ceil(chunk);
+    let unwind = AfterParallelOnUnwind;
     let r = (0..n)
         .into_par_iter()
         .map(|c| seq(c * chunk..((c + 1) * chunk).min(vol)))
         .reduce(|| neutral.clone(), &op);
+    drop(unwind);
     after_parallel();
     r
 }

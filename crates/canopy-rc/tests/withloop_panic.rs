@@ -1,0 +1,56 @@
+//! Panics inside with-loop expressions (own test binary: no other test's
+//! with-loop may flush the rayon workers meanwhile).
+#![cfg(not(canopy_loom))]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use canopy_rc::{delegated, Array, Atomic, Delegated, Gen};
+
+struct Tracked(Arc<AtomicUsize>);
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn wait_for(freed: &AtomicUsize) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        delegated::flush();
+        if freed.load(Ordering::SeqCst) == 1 {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+/// A parallel `modarray` whose expression clones a delegated array on the
+/// workers and panics part-way: the workers' last clones are pending
+/// increments; the with-loop must still ship them (as it does when it ends
+/// normally), or the array outlives every reference for as long as the
+/// workers do no other count operation.
+#[test]
+fn parallel_with_loop_panic_ships_workers_counts() {
+    let freed = Arc::new(AtomicUsize::new(0));
+    let b: Array<Tracked, Delegated> = Array::from_fn(&[1], |_| Tracked(freed.clone()));
+    let n = 1 << 15;
+    let a: Array<Option<Array<Tracked, Delegated>>, Atomic> = Array::from_fn(&[n], |_| None);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        a.modarray(&[Gen::new(&[0], &[n], |iv| {
+            if iv[0] == n - 3 {
+                panic!("expression fails");
+            }
+            Some(b.clone())
+        })
+        .grain(64)])
+    }));
+    assert!(r.is_err(), "the expression's panic propagates");
+    drop(b);
+    assert!(
+        wait_for(&freed),
+        "array not freed after its last reference went (workers' increments left pending)"
+    );
+}
