@@ -505,11 +505,14 @@ impl<T: Clone + Send + Sync, P: Policy> Array<T, P> {
     }
 }
 
-/// A parallel copy of `a` (count 1).
+/// A parallel copy of `a` (count 1).  The workers clone the elements, so
+/// their count operations are shipped afterwards (`after_parallel`), as for
+/// any parallel with-loop.
 fn copy_par<T: Clone + Send + Sync, P: Policy>(a: &Array<T, P>) -> Array<T, P> {
     let u = Array::<T, P>::alloc(a.shape()).unwrap_or_else(|e| panic!("modarray: {e}"));
     let dst = SyncPtr(u.data());
     let src = a.as_slice();
+    let unwind = AfterParallelOnUnwind;
     src.par_chunks(DEFAULT_GRAIN)
         .enumerate()
         .for_each(|(c, s)| {
@@ -518,6 +521,8 @@ fn copy_par<T: Clone + Send + Sync, P: Policy>(a: &Array<T, P>) -> Array<T, P> {
                 unsafe { dst.get().add(c * DEFAULT_GRAIN + i).write(v.clone()) };
             }
         });
+    drop(unwind);
+    after_parallel();
     // SAFETY: every element written.
     unsafe { u.assume_init() }
 }

@@ -15,6 +15,14 @@ impl Drop for Tracked {
     }
 }
 
+/// The tests run one at a time: another test's with-loop would flush the
+/// workers and hide a missing flush.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn wait_for(freed: &AtomicUsize) -> bool {
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(3) {
@@ -34,6 +42,7 @@ fn wait_for(freed: &AtomicUsize) -> bool {
 /// workers do no other count operation.
 #[test]
 fn parallel_with_loop_panic_ships_workers_counts() {
+    let _s = serial();
     let freed = Arc::new(AtomicUsize::new(0));
     let b: Array<Tracked, Delegated> = Array::from_fn(&[1], |_| Tracked(freed.clone()));
     let n = 1 << 15;
@@ -49,6 +58,27 @@ fn parallel_with_loop_panic_ships_workers_counts() {
     }));
     assert!(r.is_err(), "the expression's panic propagates");
     drop(b);
+    assert!(
+        wait_for(&freed),
+        "array not freed after its last reference went (workers' increments left pending)"
+    );
+}
+
+/// `modarray` of a shared array copies it in parallel (the workers clone the
+/// elements); with a generator too small to run in parallel, nothing else
+/// ships the workers' count operations afterwards.  Elements that are
+/// delegated arrays must still be freed after their last reference.
+#[test]
+fn parallel_copy_in_modarray_ships_workers_counts() {
+    let _s = serial();
+    let freed = Arc::new(AtomicUsize::new(0));
+    let b: Array<Tracked, Delegated> = Array::from_fn(&[1], |_| Tracked(freed.clone()));
+    let n = 1 << 15;
+    let a: Array<Array<Tracked, Delegated>, Atomic> = Array::from_fn(&[n], |_| b.clone());
+    delegated::flush();
+    let keep = a.clone(); // shared: modarray copies
+    let m = a.modarray(&[Gen::update(&[0], &[1], |_, x: &Array<Tracked, Delegated>| x.clone())]);
+    drop((m, keep, b));
     assert!(
         wait_for(&freed),
         "array not freed after its last reference went (workers' increments left pending)"
