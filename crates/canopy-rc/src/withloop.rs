@@ -551,7 +551,10 @@ where
         );
     }
     let vol: usize = lo.iter().zip(hi).map(|(l, h)| h - l).product();
-    let st = strides(hi);
+    // fold uses the index vector only, not an element offset: zero strides
+    // (the strides of `hi` can overflow a word for a small box far from the
+    // origin, which panicked in debug builds).
+    let st = Idx::zeros(hi.len());
     let threads = rayon::current_num_threads().max(1);
     let seq = |r: Range<usize>| {
         let mut acc = neutral.clone();
