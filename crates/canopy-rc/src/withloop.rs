@@ -532,7 +532,8 @@ fn copy_par<T: Clone + Send + Sync, P: Policy>(a: &Array<T, P>) -> Array<T, P> {
 /// identity (the order of combination is unspecified: it runs in parallel).
 ///
 /// # Panics
-/// If `lo` and `hi` differ in length or `lo` exceeds `hi`.
+/// If `lo` and `hi` differ in length, `lo` exceeds `hi`, or the box has
+/// more elements than a `usize` counts.
 pub fn fold<U, F, O>(lo: &[usize], hi: &[usize], neutral: U, f: F, op: O) -> U
 where
     U: Clone + Send + Sync,
@@ -550,7 +551,11 @@ where
             "fold: lower bound {lo:?} exceeds upper bound {hi:?}"
         );
     }
-    let vol: usize = lo.iter().zip(hi).map(|(l, h)| h - l).product();
+    let vol = lo
+        .iter()
+        .zip(hi)
+        .try_fold(1usize, |a, (l, h)| a.checked_mul(h - l))
+        .unwrap_or_else(|| panic!("fold: bounds {lo:?}..{hi:?} have too many elements"));
     // fold uses the index vector only, not an element offset: zero strides
     // (the strides of `hi` can overflow a word for a small box far from the
     // origin, which panicked in debug builds).

@@ -13,3 +13,14 @@ fn fold_over_a_small_box_far_from_the_origin() {
     let s = fold(&[0, big - 1, big - 1], &[2, big, big], 0usize, |iv| iv[0] + 1, |a, b| a + b);
     assert_eq!(s, 3);
 }
+
+/// An index space with more elements than a word counts: a clear panic,
+/// never a silently truncated fold (in release builds the product wrapped:
+/// 2^33 * 2^33 folded zero elements and returned the neutral element).
+#[test]
+#[should_panic(expected = "too many elements")]
+fn fold_over_an_index_space_too_large_to_count_panics() {
+    let big = 1usize << 33;
+    let s = fold(&[0, 0], &[big, big], 0u64, |_| 1, |a, b| a + b);
+    panic!("fold returned {s}");
+}
