@@ -452,8 +452,10 @@ where
     T: Clone + Send + Sync,
     P: Policy,
 {
-    let covered = check_gens("genarray", shape, gens);
+    // The shape first: a generator's volume cannot overflow once the shape's
+    // element count does not.
     let len = shape_len(shape).unwrap_or_else(|e| panic!("genarray: {e}"));
+    let covered = check_gens("genarray", shape, gens);
     if covered == len && gens.len() == 1 {
         // One generator covers everything: write each element once.
         let g = &gens[0];

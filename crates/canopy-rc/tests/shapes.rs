@@ -24,3 +24,16 @@ fn fold_over_an_index_space_too_large_to_count_panics() {
     let s = fold(&[0, 0], &[big, big], 0u64, |_| 1, |a, b| a + b);
     panic!("fold returned {s}");
 }
+
+/// A `genarray` shape with too many elements panics naming the shape (it
+/// used to overflow while sizing the generators first, in debug builds).
+#[test]
+#[should_panic(expected = "too many elements")]
+fn genarray_shape_too_large_panics_naming_it() {
+    let big = 1usize << 40;
+    let _a: canopy_rc::Array<u8> = canopy_rc::genarray(
+        &[big, big, 1],
+        0,
+        &[canopy_rc::Gen::new(&[0, 0, 0], &[big, big, 1], |_| 1)],
+    );
+}
