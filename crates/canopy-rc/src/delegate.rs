@@ -269,7 +269,7 @@ impl Counter {
                 let c = o as *const DCount;
                 // SAFETY: a helper found the object dead (count 0, nothing
                 // pending); no reference and no message about it is left.
-                unsafe { ((*c).release)(c as *const u8) };
+                unsafe { run_release(c) };
             }
             if !dead.is_empty() {
                 self.released
@@ -373,7 +373,7 @@ impl Counter {
                         // No reference is left, and no message about the
                         // object can follow.
                         if release {
-                            ((*c).release)(c as *const u8);
+                            run_release(c);
                             freed += 1;
                         } else {
                             lock(&self.deferred).push(o);
@@ -463,6 +463,23 @@ impl Counter {
         self.drain_lock.store(false, Ordering::Release);
         w
     }
+}
+
+/// Run the release function of a dead object on the counting thread.  A
+/// panic (an element's `Drop`) is caught and the rest of the object leaked:
+/// unwinding would end the counting thread, inside a round (holding the
+/// drain lock), and every later `getrc` and full lane would wait for ever.
+///
+/// # Safety
+/// `c` heads a dead object (no reference, no message about it left), which
+/// is released once, here.
+unsafe fn run_release(c: *const DCount) {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: contract.
+        unsafe { ((*c).release)(c as *const u8) }
+    }));
+    // The panic hook has reported it; the counting thread goes on.
+    drop(r);
 }
 
 /// Step 2 of a round (and of the check): apply every increment published in
