@@ -167,3 +167,61 @@ fn a_wide_parallel_loop_filling_an_ancestor_array() {
     });
     assert!(ok);
 }
+
+/// Two siblings write pointers to their own objects into one field of the
+/// root's array (legal: no one reads it until the join) while the first
+/// collects again and again. A remembered field that the sibling overwrites
+/// between a collection's root pass and its verifier is a stale entry, not a
+/// broken heap.
+#[test]
+fn a_remembered_field_overwritten_by_a_sibling_during_a_collection() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    let pool = setup();
+    let rounds = 3_000 * scale();
+    let last = pool.install(|| {
+        canopy_hh::run(|s| {
+            let shared = s.array(1, Val::Int(0));
+            let (started, done) = (AtomicBool::new(false), AtomicBool::new(false));
+            let wait_for = |flag: &AtomicBool| {
+                let t0 = Instant::now();
+                while !flag.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(5) {
+                    std::thread::yield_now();
+                }
+            };
+            s.par(
+                |s| {
+                    // Let the sibling go even if a collection here panics.
+                    struct Done<'a>(&'a AtomicBool);
+                    impl Drop for Done<'_> {
+                        fn drop(&mut self) {
+                            self.0.store(true, Ordering::Release);
+                        }
+                    }
+                    let _done = Done(&done);
+                    wait_for(&started);
+                    for r in 0..rounds {
+                        s.scope(|s| {
+                            let t = s.tuple(&[Val::Int(r as i64)]);
+                            s.set(shared, 0, Val::Obj(t));
+                            s.collect();
+                        });
+                    }
+                },
+                |s| {
+                    started.store(true, Ordering::Release);
+                    while !done.load(Ordering::Acquire) {
+                        s.scope(|s| {
+                            let t = s.tuple(&[Val::Int(-1)]);
+                            s.set(shared, 0, Val::Obj(t));
+                        });
+                    }
+                },
+            );
+            s.collect();
+            let t = s.get(shared, 0).as_obj().unwrap();
+            s.get_int(t, 0)
+        })
+    });
+    assert!(last == -1 || last == rounds as i64 - 1, "{last}");
+}
