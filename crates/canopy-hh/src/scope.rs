@@ -33,6 +33,24 @@ impl Drop for OnThread {
     }
 }
 
+/// A task waiting at a join: while it waits, rayon runs other jobs on its
+/// thread (work it steals), an independent `run` among them, which is not
+/// nested in this task. So the thread's count is cleared until the join
+/// returns (or unwinds); each child counts itself while it runs.
+struct AtJoin(u32);
+impl AtJoin {
+    #[inline]
+    fn enter() -> AtJoin {
+        AtJoin(TASKS_ON_THREAD.with(|c| c.replace(0)))
+    }
+}
+impl Drop for AtJoin {
+    #[inline]
+    fn drop(&mut self) {
+        TASKS_ON_THREAD.with(|c| c.set(self.0));
+    }
+}
+
 /// A rooted handle to a managed object.
 ///
 /// A handle is a slot the collector knows and updates when it moves the
@@ -642,6 +660,7 @@ impl<'s> Scope<'s> {
         f: impl for<'a> FnOnce(&mut Scope<'a>) -> RA + Send,
         g: impl for<'b> FnOnce(&mut Scope<'b>) -> RB + Send,
     ) -> (RA, RB) {
+        let _at_join = AtJoin::enter();
         self.task().fork(
             move |t| {
                 let _on = OnThread::enter();

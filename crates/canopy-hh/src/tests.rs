@@ -94,6 +94,16 @@ fn bad_uses_are_refused_with_messages() {
     assert!(m.contains("does not fit"), "{m}");
     let m = msg(Box::new(|| run(|_| run(|_| ()))));
     assert!(m.contains("inside a task"), "{m}");
+    // Still refused in a child, and in the parent after a join.
+    let m = msg(Box::new(|| run(|s| {
+        s.par(|_| run(|_| ()), |_| ());
+    })));
+    assert!(m.contains("inside a task"), "{m}");
+    let m = msg(Box::new(|| run(|s| {
+        s.par(|_| (), |_| ());
+        run(|_| ())
+    })));
+    assert!(m.contains("inside a task"), "{m}");
     // A mutable raw array of the parent cannot be viewed as a slice by a child.
     let m = msg(Box::new(|| run(|s| {
         let a = s.raw::<u64>(4);

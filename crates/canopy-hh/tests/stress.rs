@@ -225,3 +225,66 @@ fn a_remembered_field_overwritten_by_a_sibling_during_a_collection() {
     });
     assert!(last == -1 || last == rounds as i64 - 1, "{last}");
 }
+
+/// A worker waiting at a join inside one run takes other jobs meanwhile, an
+/// independent run spawned on the pool among them. That run is not nested in
+/// the waiting task, and must not be refused as if it were.
+#[test]
+fn a_run_spawned_on_a_worker_waiting_inside_another_run_is_not_nested() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{mpsc, Arc};
+    use std::time::{Duration, Instant};
+    let _ = setup();
+    let pool = rayon_core::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    for _ in 0..3 * scale() {
+        let (tx, rx) = mpsc::channel();
+        let started = Arc::new(AtomicBool::new(false));
+        let (tx1, s1) = (tx.clone(), started.clone());
+        pool.spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                canopy_hh::run(|s| {
+                    let (a, b) = s.par(
+                        |s| {
+                            // Wait for the second child to be stolen: then
+                            // this worker waits for it at the join.
+                            let t0 = Instant::now();
+                            while !s1.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(5) {
+                                std::thread::yield_now();
+                            }
+                            s.tuple(&[Val::Int(1)]);
+                            1
+                        },
+                        |s| {
+                            s1.store(true, Ordering::Release);
+                            // Long enough for the other run to be taken by the
+                            // waiting worker.
+                            std::thread::sleep(Duration::from_millis(100));
+                            s.tuple(&[Val::Int(2)]);
+                            2
+                        },
+                    );
+                    a + b
+                })
+            }));
+            let _ = tx1.send(r.map_err(|_| "first run panicked".to_string()));
+        });
+        let t0 = Instant::now();
+        while !started.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::yield_now();
+        }
+        // Both workers are busy: the first waits at the join, the second
+        // sleeps in the second child. This run goes to the pool's queue.
+        pool.spawn(move || {
+            let r = std::panic::catch_unwind(|| canopy_hh::run(|s| {
+                let t = s.tuple(&[Val::Int(7)]);
+                s.get_int(t, 0)
+            }));
+            let _ = tx.send(r.map_err(|e| {
+                e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+            }));
+        });
+        let mut got: Vec<_> = (0..2).map(|_| rx.recv_timeout(Duration::from_secs(30)).unwrap()).collect();
+        got.sort();
+        assert_eq!(got, vec![Ok(3), Ok(7)]);
+    }
+}
