@@ -9,7 +9,7 @@
 
 use crate::heap::HeapRecord;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// Bytes reserved at the start of a chunk for its header.
 pub(crate) const HEADER_BYTES: usize = 64;
@@ -28,8 +28,12 @@ pub(crate) struct Chunk {
     /// One past the last allocated byte (kept up to date when the chunk stops
     /// being the bump chunk, and by the collector).
     pub(crate) top: usize,
-    /// Id of the collection this chunk is from-space of (0: none).
-    pub(crate) gc_id: u64,
+    /// Id of the collection this chunk is from-space of (0: none).  Atomic
+    /// (relaxed): a collection can read the id of a sibling's chunk, through
+    /// a remembered field the sibling overwrote, while the sibling's own
+    /// collection writes it; the reader only needs to see an id that is not
+    /// its own collection's.
+    pub(crate) gc_id: AtomicU64,
     /// The chunk holds one large object.
     pub(crate) large: bool,
 }
@@ -183,7 +187,7 @@ pub(crate) fn new_chunk(heap: *mut HeapRecord, words: usize, large: bool) -> *mu
                 next: ptr::null_mut(),
                 end: p as usize + bytes,
                 top: p as usize + HEADER_BYTES,
-                gc_id: 0,
+                gc_id: AtomicU64::new(0),
                 large,
             },
         );

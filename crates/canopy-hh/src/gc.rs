@@ -87,7 +87,7 @@ impl Collector {
         }
         // SAFETY: w is held by a live object or root of the collected tasks'
         // tree, so its chunk is live.
-        let id = unsafe { (*chunk::chunk_of(w)).gc_id };
+        let id = unsafe { (*chunk::chunk_of(w)).gc_id.load(Ordering::Relaxed) };
         let i = id.wrapping_sub(self.base);
         if i < self.n {
             Some((i as usize, false))
@@ -113,7 +113,7 @@ impl Collector {
         if unsafe { (*c).large } {
             // Keep the object where it is: relink its chunk after the trace.
             // SAFETY: as above.
-            unsafe { (*c).gc_id = self.base + self.n + j as u64 };
+            unsafe { (*c).gc_id.store(self.base + self.n + j as u64, Ordering::Relaxed) };
             self.levels[j].large.push(w);
             return w;
         }
@@ -321,7 +321,7 @@ pub(crate) fn collect(task: &mut Task, reach: Reach) {
         while !c.is_null() {
             // SAFETY: c is one of the level's live chunks.
             unsafe {
-                (*c).gc_id = base + j as u64;
+                (*c).gc_id.store(base + j as u64, Ordering::Relaxed);
                 from_bytes += chunk::chunk_bytes(c);
                 c = (*c).next;
             }
@@ -402,10 +402,10 @@ pub(crate) fn collect(task: &mut Task, reach: Reach) {
             // SAFETY: c is one of this level's from-space chunks.
             let next = unsafe { (*c).next };
             // SAFETY: as above.
-            if unsafe { (*c).gc_id } == kept_id {
+            if unsafe { (*c).gc_id.load(Ordering::Relaxed) } == kept_id {
                 // SAFETY: a surviving large chunk: re-home it to the level's record.
                 unsafe {
-                    (*c).gc_id = 0;
+                    (*c).gc_id.store(0, Ordering::Relaxed);
                     let old = (*c).heap.load(Ordering::Relaxed);
                     if old != me {
                         HeapRecord::add_ref(me);

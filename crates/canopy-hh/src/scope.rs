@@ -422,8 +422,10 @@ pub fn run_keep(f: impl for<'s> FnOnce(&mut Scope<'s>) -> Gc<'s>) -> Kept {
 /// No task runs in the heap any more; only [`Kept::collect`] (which takes
 /// `&mut self`, so no read is open) moves its objects, and the heap lives
 /// until the `Kept` is dropped. It is read through a shared [`Scope`], which
-/// cannot allocate or fork; `set` and `raw_set` work through it, so a kept
-/// result can still be updated in place. It can be sent to another thread
+/// cannot allocate or fork; `set` works through it, so a kept result's
+/// fields can still be updated in place (`raw_set`, which needs `&mut
+/// Scope`, does not: unboxed data of a kept result is read-only). It can be
+/// sent to another thread
 /// (it owns the heap outright), but not shared: a read adds handles to its
 /// root stack.
 pub struct Kept {
