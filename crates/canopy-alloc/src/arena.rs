@@ -235,6 +235,9 @@ pub const TABLE_SKEW: usize = 8 * core::mem::size_of::<Desc>();
 /// See [`TABLE_SKEW`].
 pub const TABLE_OFFSET: usize = (1 << 30) - TABLE_SKEW;
 const TABLE_BYTES: usize = MAX_UNITS * core::mem::size_of::<Desc>();
+/// Alignment of the arena base.  A span aligned to `k` units (its index a
+/// multiple of `k`) is aligned to `k * UNIT` bytes only up to this.
+pub const ARENA_ALIGN: usize = 1 << 30;
 const _: () = assert!(TABLE_BYTES + TABLE_SKEW <= 1 << 30);
 
 /// Arena base (relaxed: set once before any pointer into the arena exists).
@@ -281,7 +284,7 @@ pub fn arena_units() -> usize {
 pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
     let mut gb = arena_gb.clamp(1, (MAX_UNITS * UNIT) >> 30);
     loop {
-        match canopy_sys::reserve_aligned((1 << 30) + (gb << 30), 1 << 30) {
+        match canopy_sys::reserve_aligned((1 << 30) + (gb << 30), ARENA_ALIGN) {
             Ok(start) => {
                 // SAFETY: start..start+1GiB+gb GiB was just reserved; the part
                 // of the first gigabyte after the table is never used.  The

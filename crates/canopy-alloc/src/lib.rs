@@ -352,13 +352,17 @@ pub fn alloc_zeroed(size: usize) -> *mut u8 {
 }
 
 /// Allocate `size` bytes aligned to `align` (a power of two).  Null if
-/// `align` is not a power of two or memory is exhausted.
+/// `align` is not a power of two, is above the arena's own alignment
+/// (1 GiB, [`arena::ARENA_ALIGN`]), or memory is exhausted.
 pub fn alloc_aligned(size: usize, align: usize) -> *mut u8 {
     alloc_aligned_inner(size, align, false)
 }
 
 fn alloc_aligned_inner(size: usize, align: usize, zero: bool) -> *mut u8 {
-    if !align.is_power_of_two() {
+    // Spans are aligned by their unit index, relative to the arena base,
+    // which is aligned to ARENA_ALIGN and no more: a larger alignment would
+    // not hold for the address.
+    if !align.is_power_of_two() || align > arena::ARENA_ALIGN {
         return ptr::null_mut();
     }
     if align <= 16 {

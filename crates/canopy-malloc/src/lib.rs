@@ -6,8 +6,8 @@
 //! declares the rich interface (`canopy_alloc_class`, `canopy_free_sized`, ...).
 //!
 //! Errors follow C: null with `errno = ENOMEM` on exhaustion or overflow
-//! (calloc's and reallocarray's multiplications included), `EINVAL` for a bad
-//! alignment.  Nothing here unwinds: the release profile aborts on panic and
+//! (calloc's and reallocarray's multiplications included, and alignments
+//! above 1 GiB, which the arena cannot give), `EINVAL` for a bad alignment.  Nothing here unwinds: the release profile aborts on panic and
 //! the allocator paths do not panic.
 #![deny(missing_docs)]
 

@@ -138,6 +138,25 @@ fn c_region_api_linked() {
     assert!(!out.status.success() && text(&out.stderr).contains("lent to a region allocator"), "check mode aborts: {}", text(&out.stderr));
 }
 
+/// Run one case of `edges.c` (linked, like `regions`) in both modes.
+fn edge_case(case: &str) {
+    let exe = {
+        static EDGES: OnceLock<PathBuf> = OnceLock::new();
+        EDGES.get_or_init(|| compile_linked("edges")).clone()
+    };
+    for check in ["0", "1"] {
+        let out = Command::new(&exe).arg(case).env_remove("LD_LIBRARY_PATH").env("CANOPY_CHECK", check).output().expect("run edges");
+        expect_ok(&out, &format!("edges {case} ok"), &format!("edges {case} (CANOPY_CHECK={check})"));
+    }
+}
+
+/// Alignments above the arena's 1 GiB are refused with ENOMEM, not met
+/// relative to the arena base (which left the block misaligned).
+#[test]
+fn edge_huge_alignment_is_met_or_refused() {
+    edge_case("huge-alignment");
+}
+
 #[test]
 fn c_threads_with_cross_thread_frees() {
     let exe = compile("threads");
