@@ -157,6 +157,14 @@ fn edge_huge_alignment_is_met_or_refused() {
     edge_case("huge-alignment");
 }
 
+/// `canopy_region_realloc` of a span to a size near `SIZE_MAX`: the slab
+/// count wrapped, the free-range check passed and the region allocator
+/// panicked (an abort through the C API) instead of failing.
+#[test]
+fn edge_region_realloc_to_a_huge_size_fails_cleanly() {
+    edge_case("region-realloc-huge");
+}
+
 #[test]
 fn c_threads_with_cross_thread_frees() {
     let exe = compile("threads");

@@ -1303,6 +1303,11 @@ impl RegionAllocator {
         let (from, cap) = self.object(p)?;
         let target = to.unwrap_or(from);
         let ti = self.slot_of(target)?;
+        // As alloc_span refuses it: a slab count this large would wrap the
+        // address arithmetic of the in-place growth below.
+        if new_size.div_ceil(self.cfg.slab_size) > u32::MAX as usize / 2 {
+            return Err(RegionError::SizeTooLarge(new_size));
+        }
         if target == from {
             let a = p.as_ptr() as usize;
             if cap <= self.cfg.slab_size && new_size <= self.cfg.slab_size {

@@ -33,10 +33,31 @@ static void huge_alignment(void) {
     }
 }
 
+/* A region object grown to a size no region can hold: NULL with an errno,
+ * the object untouched. */
+static void region_realloc_huge(void) {
+    canopy_rid_t r = canopy_ralloc(CANOPY_REGION_ROOT, 0);
+    CHECK(r != 0);
+    size_t sizes[] = {SIZE_MAX, SIZE_MAX - 100000, SIZE_MAX / 2, (size_t)1 << 60};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        unsigned char *p = canopy_region_alloc(100000, r);
+        CHECK(p != NULL);
+        memset(p, 0x3c, 100000);
+        errno = 0;
+        CHECK(canopy_region_realloc(p, sizes[i], 0) == NULL && errno != 0);
+        CHECK(canopy_region_of(p) == r && canopy_region_of(p + 99999) == r);
+        for (size_t j = 0; j < 100000; j += 997) CHECK(p[j] == 0x3c);
+        CHECK(canopy_region_free(p) == 0);
+    }
+    CHECK(canopy_rfree(r) == 0);
+}
+
 int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "";
     if (strcmp(what, "huge-alignment") == 0) {
         huge_alignment();
+    } else if (strcmp(what, "region-realloc-huge") == 0) {
+        region_realloc_huge();
     } else {
         fprintf(stderr, "edges: unknown case \"%s\"\n", what);
         return 2;
