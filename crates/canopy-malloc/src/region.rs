@@ -1,6 +1,7 @@
 //! The region API of `canopy.h` over the process-wide region allocator
 //! (`canopy_region::global`).  Errors: a zero id, null or -1 with `errno`
-//! (`EINVAL` for a bad region or pointer, `ENOMEM` when memory runs out) and
+//! (`EINVAL` for a bad region or pointer, `ENOMEM` when memory runs out or a
+//! size is too large for any region) and
 //! the message in `canopy_region_error()`.
 
 use core::ffi::c_void;
@@ -17,7 +18,8 @@ thread_local! {
 
 fn fail(e: RegionError) {
     canopy_sys::set_errno(match e {
-        RegionError::OutOfMemory { .. } => libc::ENOMEM,
+        // A size no region can hold is memory that runs out, as for malloc.
+        RegionError::OutOfMemory { .. } | RegionError::SizeTooLarge(_) => libc::ENOMEM,
         _ => libc::EINVAL,
     });
     let msg = CString::new(e.to_string()).unwrap_or_default();

@@ -165,6 +165,13 @@ fn edge_region_realloc_to_a_huge_size_fails_cleanly() {
     edge_case("region-realloc-huge");
 }
 
+/// A region request too large to express failed with EINVAL, while a merely
+/// too large one got ENOMEM: both are memory that runs out.
+#[test]
+fn edge_region_sizes_too_large_are_enomem() {
+    edge_case("region-too-large");
+}
+
 #[test]
 fn c_threads_with_cross_thread_frees() {
     let exe = compile("threads");

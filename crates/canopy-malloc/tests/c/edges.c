@@ -52,12 +52,37 @@ static void region_realloc_huge(void) {
     CHECK(canopy_rfree(r) == 0);
 }
 
+/* A size no region can hold is memory that runs out, as for malloc: ENOMEM
+ * (canopy.h keeps EINVAL for bad regions and pointers), whatever the size. */
+static void region_too_large_is_enomem(void) {
+    canopy_rid_t r = canopy_ralloc(CANOPY_REGION_ROOT, 0);
+    CHECK(r != 0);
+    size_t sizes[] = {(size_t)1 << 40, (size_t)1 << 50, SIZE_MAX / 2, SIZE_MAX};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        errno = 0;
+        CHECK(canopy_region_alloc(sizes[i], r) == NULL && errno == ENOMEM);
+        void *objs[2] = {NULL, NULL};
+        errno = 0;
+        CHECK(canopy_region_balloc(sizes[i], r, 2, objs) == -1 && errno == ENOMEM && objs[0] == NULL);
+        void *p = canopy_region_alloc(100000, r);
+        CHECK(p != NULL);
+        errno = 0;
+        CHECK(canopy_region_realloc(p, sizes[i], 0) == NULL && errno == ENOMEM);
+        errno = 0;
+        CHECK(canopy_region_realloc(NULL, sizes[i], r) == NULL && errno == ENOMEM);
+        CHECK(canopy_region_free(p) == 0);
+    }
+    CHECK(canopy_rfree(r) == 0);
+}
+
 int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "";
     if (strcmp(what, "huge-alignment") == 0) {
         huge_alignment();
     } else if (strcmp(what, "region-realloc-huge") == 0) {
         region_realloc_huge();
+    } else if (strcmp(what, "region-too-large") == 0) {
+        region_too_large_is_enomem();
     } else {
         fprintf(stderr, "edges: unknown case \"%s\"\n", what);
         return 2;
