@@ -172,6 +172,13 @@ fn edge_region_sizes_too_large_are_enomem() {
     edge_case("region-too-large");
 }
 
+/// `canopy_region_balloc` of zero objects larger than a slab returned 0 for
+/// a region that does not exist (only the small-object path looked it up).
+#[test]
+fn edge_region_balloc_of_nothing_checks_the_region() {
+    edge_case("region-balloc-none");
+}
+
 #[test]
 fn c_threads_with_cross_thread_frees() {
     let exe = compile("threads");

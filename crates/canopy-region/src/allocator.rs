@@ -1383,7 +1383,8 @@ impl RegionAllocator {
         let r = if size <= self.cfg.slab_size {
             self.slot_of(rid).and_then(|ri| self.balloc_small(ri, self.class_of(size), n, out))
         } else {
-            (0..n).try_for_each(|_| self.alloc(size, rid).map(|p| out.push(p)))
+            // Checked first: with n == 0 no alloc would check it.
+            self.slot_of(rid).and_then(|_| (0..n).try_for_each(|_| self.alloc(size, rid).map(|p| out.push(p))))
         };
         if let Err(e) = r {
             for p in out.drain(start..) {

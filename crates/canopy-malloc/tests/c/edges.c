@@ -75,6 +75,23 @@ static void region_too_large_is_enomem(void) {
     CHECK(canopy_rfree(r) == 0);
 }
 
+/* canopy_region_balloc of no objects still checks its region, whatever the
+ * size (canopy.h: -1 and EINVAL for an unknown or freed region). */
+static void region_balloc_none_checks_region(void) {
+    canopy_rid_t dead = canopy_ralloc(CANOPY_REGION_ROOT, 0);
+    CHECK(dead != 0 && canopy_rfree(dead) == 0);
+    size_t sizes[] = {16, 5000, 1 << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        errno = 0;
+        CHECK(canopy_region_balloc(sizes[i], 987654321, 0, NULL) == -1 && errno == EINVAL);
+        CHECK(strstr(canopy_region_error(), "does not exist") != NULL);
+        errno = 0;
+        CHECK(canopy_region_balloc(sizes[i], dead, 0, NULL) == -1 && errno == EINVAL);
+        CHECK(strstr(canopy_region_error(), "has been freed") != NULL);
+        CHECK(canopy_region_balloc(sizes[i], CANOPY_REGION_ROOT, 0, NULL) == 0);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "";
     if (strcmp(what, "huge-alignment") == 0) {
@@ -83,6 +100,8 @@ int main(int argc, char **argv) {
         region_realloc_huge();
     } else if (strcmp(what, "region-too-large") == 0) {
         region_too_large_is_enomem();
+    } else if (strcmp(what, "region-balloc-none") == 0) {
+        region_balloc_none_checks_region();
     } else {
         fprintf(stderr, "edges: unknown case \"%s\"\n", what);
         return 2;
