@@ -137,7 +137,14 @@ pub unsafe extern "C" fn canopy_region_balloc(size: size_t, region: u64, n: size
             return -1;
         }
     };
-    match call(|ra| ra.balloc(size, r, n)) {
+    // The list of pointers first: a count it cannot hold is out of memory,
+    // not an abort in `Vec::with_capacity`.
+    let mut v = Vec::new();
+    if v.try_reserve_exact(n).is_err() {
+        fail(RegionError::OutOfMemory { size: size.saturating_mul(n), region: r });
+        return -1;
+    }
+    match call(|ra| ra.balloc_into(size, r, n, &mut v).map(|()| v)) {
         Some(v) => {
             for (i, p) in v.into_iter().enumerate() {
                 // SAFETY: i < n, inside the caller's array.

@@ -179,6 +179,14 @@ fn edge_region_balloc_of_nothing_checks_the_region() {
     edge_case("region-balloc-none");
 }
 
+/// `canopy_region_balloc` with a count whose pointer list cannot be
+/// allocated aborted the process (`Vec::with_capacity` failing) instead of
+/// returning -1 with ENOMEM.
+#[test]
+fn edge_region_balloc_of_an_impossible_count_is_enomem() {
+    edge_case("region-balloc-huge-count");
+}
+
 #[test]
 fn c_threads_with_cross_thread_frees() {
     let exe = compile("threads");

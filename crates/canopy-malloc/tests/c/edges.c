@@ -92,6 +92,22 @@ static void region_balloc_none_checks_region(void) {
     }
 }
 
+/* canopy_region_balloc of more objects than memory can list fails with -1
+ * and ENOMEM, like calloc of an impossible count; it does not abort. */
+static void region_balloc_huge_count(void) {
+    canopy_rid_t r = canopy_ralloc(CANOPY_REGION_ROOT, 0);
+    CHECK(r != 0);
+    size_t counts[] = {SIZE_MAX, SIZE_MAX / 8, (size_t)1 << 40};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        void *objs[4] = {NULL, NULL, NULL, NULL};
+        errno = 0;
+        CHECK(canopy_region_balloc(16, r, counts[i], objs) == -1 && errno == ENOMEM && objs[0] == NULL);
+    }
+    size_t nruns = canopy_region_pack(r, NULL, 0);
+    CHECK(nruns == 0);
+    CHECK(canopy_rfree(r) == 0);
+}
+
 int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "";
     if (strcmp(what, "huge-alignment") == 0) {
@@ -102,6 +118,8 @@ int main(int argc, char **argv) {
         region_too_large_is_enomem();
     } else if (strcmp(what, "region-balloc-none") == 0) {
         region_balloc_none_checks_region();
+    } else if (strcmp(what, "region-balloc-huge-count") == 0) {
+        region_balloc_huge_count();
     } else {
         fprintf(stderr, "edges: unknown case \"%s\"\n", what);
         return 2;
