@@ -72,9 +72,10 @@ void canopy_free_sized(void *p, size_t size);
 
 /*
  * Allocate a descriptor of `desc_size` bytes and its data of `data_size`
- * bytes aligned to `data_align` (a power of two, at most 4096) in one block.
- * Returns the descriptor and stores the data pointer in *data.  One call to
- * free (or canopy_free_with_descriptor) on the descriptor releases both.
+ * bytes aligned to `data_align` (a power of two: EINVAL otherwise; up to
+ * 1 GiB, ENOMEM above, as for aligned_alloc) in one block.  Returns the
+ * descriptor and stores the data pointer in *data.  One call to free (or
+ * canopy_free_with_descriptor) on the descriptor releases both.
  */
 void *canopy_alloc_with_descriptor(size_t desc_size, size_t data_size, size_t data_align, void **data);
 

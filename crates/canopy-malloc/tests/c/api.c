@@ -120,6 +120,15 @@ int main(void) {
     memset(d, 1, 48);
     memset(data, 2, 4096);
     free(d);
+    /* Alignments: a power of two up to 1 GiB (as aligned_alloc), EINVAL if not one. */
+    d = with_desc(16, 100, 65536, &data);
+    CHECK(d && ((uintptr_t)data % 65536) == 0 && (char *)data >= (char *)d + 16);
+    memset(data, 4, 100);
+    free(d);
+    errno = 0;
+    CHECK(with_desc(16, 100, 3, &data) == NULL && errno == EINVAL);
+    errno = 0;
+    CHECK(with_desc(16, 100, (size_t)1 << 31, &data) == NULL && errno == ENOMEM);
     char buf[4096];
     size_t need = stats_json(buf, sizeof buf);
     CHECK(need > 10 && buf[0] == '{' && strstr(buf, "\"allocations\":") != NULL);
