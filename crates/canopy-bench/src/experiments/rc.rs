@@ -77,6 +77,13 @@ fn time<R>(f: impl FnOnce() -> R) -> (f64, R) {
     (t.elapsed().as_secs_f64(), r)
 }
 
+/// Median of the times of the runs whose result was correct: a run with a
+/// wrong result is reported as a failure and its time is not a measurement.
+fn median_correct(samples: &[(f64, bool)]) -> Option<f64> {
+    let good: Vec<f64> = samples.iter().filter(|s| s.1).map(|s| s.0).collect();
+    median(&good)
+}
+
 fn fmt_ns(s: Option<f64>) -> String {
     s.map_or_else(|| "—".into(), |v| format!("{v:.2}"))
 }
@@ -235,16 +242,16 @@ pub fn run_sac(c: &RcCommon, xs: &[usize]) -> Result<Finished> {
         for t in thread_counts() {
             let p = pool(t)?;
             let expect = crate::sac_kernel::expected_checksum(x as u64, n as u64, iters as u64);
-            let mut secs: [Vec<f64>; 3] = Default::default();
+            let mut secs: [Vec<(f64, bool)>; 3] = Default::default();
             let (mut allocs_after, mut reuses, mut temps) = (0, 0, 0);
             for _ in 0..runs {
                 let (s, (sum, aa, r, tp)) = p.install(|| time(|| sac_array(n, x, iters)));
-                secs[0].push(s);
+                secs[0].push((s, sum == expect));
                 (allocs_after, reuses, temps) = (aa, r, tp);
                 let (s1, sum1) = p.install(|| time(|| sac_vec(n, x, iters)));
-                secs[1].push(s1);
+                secs[1].push((s1, sum1 == expect));
                 let (s2, sum2) = p.install(|| time(|| sac_arc(n, x, iters)));
-                secs[2].push(s2);
+                secs[2].push((s2, sum2 == expect));
                 for (v, got) in [("array", sum), ("vec-glibc", sum1), ("arc-glibc", sum2)] {
                     if got != expect {
                         failures.push(format!(
@@ -254,7 +261,11 @@ pub fn run_sac(c: &RcCommon, xs: &[usize]) -> Result<Finished> {
                 }
                 bar.inc(1);
             }
-            let med = [median(&secs[0]), median(&secs[1]), median(&secs[2])];
+            let med = [
+                median_correct(&secs[0]),
+                median_correct(&secs[1]),
+                median_correct(&secs[2]),
+            ];
             rows.push(SacRow {
                 x,
                 threads: t,
@@ -639,7 +650,7 @@ pub fn run_kernel(c: &RcCommon) -> Result<Finished> {
         let mut base = None;
         for &t in &ts {
             let p = pool(t)?;
-            let mut secs: Vec<Vec<f64>> = vec![Vec::new(); policies.len()];
+            let mut secs: Vec<Vec<(f64, bool)>> = vec![Vec::new(); policies.len()];
             for r in 0..runs {
                 for (k, pol) in policies.iter().enumerate() {
                     let trace = *pol == "delegated" && n == 512 && w == 100 && r == 0;
@@ -673,12 +684,12 @@ pub fn run_kernel(c: &RcCommon) -> Result<Finished> {
                             "rc-kernel n={n} W={w} {pol} threads={t}: wrong result"
                         ));
                     }
-                    secs[k].push(s);
+                    secs[k].push((s, ok));
                 }
             }
             bar.inc(runs as u64);
             for (k, pol) in policies.iter().enumerate() {
-                let m = median(&secs[k]);
+                let m = median_correct(&secs[k]);
                 if *pol == "none" && t == 1 {
                     base = m;
                 }
@@ -972,7 +983,7 @@ pub fn run_fft(c: &RcCommon) -> Result<Finished> {
         .collect::<std::collections::BTreeSet<_>>()
     {
         let p = pool(t)?;
-        let mut secs: [Vec<f64>; 3] = Default::default();
+        let mut secs: [Vec<(f64, bool)>; 3] = Default::default();
         let mut allocs = [0u64; 2];
         let mut reuses = [0u64; 2];
         for _ in 0..runs {
@@ -990,7 +1001,6 @@ pub fn run_fft(c: &RcCommon) -> Result<Finished> {
                 let d = canopy_rc::stats().since(&before);
                 allocs[k] = d.allocations / reps as u64;
                 reuses[k] = d.reuses / reps as u64;
-                secs[k].push(s / reps as f64);
                 let out = out.expect("reps >= 1");
                 let err = out
                     .as_slice()
@@ -998,6 +1008,7 @@ pub fn run_fft(c: &RcCommon) -> Result<Finished> {
                     .zip(&reference)
                     .map(|(a, b)| (a.re - b.re).abs().max((a.im - b.im).abs()))
                     .fold(0.0, f64::max);
+                secs[k].push((s / reps as f64, err <= 1e-6));
                 if err > 1e-6 {
                     failures.push(format!(
                         "rc-fft threads={t} reuse={reuse}: differs from the Vec result by {err}"
@@ -1014,9 +1025,13 @@ pub fn run_fft(c: &RcCommon) -> Result<Finished> {
                 })
             });
             black_box(out);
-            secs[2].push(s / reps as f64);
+            secs[2].push((s / reps as f64, true));
         }
-        let med = [median(&secs[0]), median(&secs[1]), median(&secs[2])];
+        let med = [
+            median_correct(&secs[0]),
+            median_correct(&secs[1]),
+            median_correct(&secs[2]),
+        ];
         rows.push(FftRow {
             threads: t,
             seconds: med,
@@ -1236,4 +1251,20 @@ pub fn run_reuse(c: &RcCommon) -> Result<Finished> {
         None,
         failures,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_with_a_wrong_result_are_not_in_the_median() {
+        // Two correct runs and two wrong ones: the wrong runs are failures,
+        // not measurements (the median of all four would be 6 s).
+        let s = [(1.0, true), (10.0, false), (10.0, false), (2.0, true)];
+        assert_eq!(median(&s.map(|x| x.0)), Some(6.0));
+        assert_eq!(median_correct(&s), Some(1.5));
+        assert_eq!(median_correct(&[(3.0, false)]), None);
+        assert_eq!(median_correct(&[(2.0, true), (4.0, true)]), Some(3.0));
+    }
 }
