@@ -396,6 +396,20 @@ pub fn init() -> bool {
     thread::ensure_init()
 }
 
+pub use thread::ForkHooks;
+
+/// Have the allocator's `fork()` handlers run `h` too: `prepare` before the
+/// allocator takes its locks, `parent` and `child` after it releases or
+/// resets them.  For one layer above the allocator that keeps a lock its
+/// calls hold while they allocate (the process-wide region allocator); a
+/// later call replaces the hooks.  Unlike a `pthread_atfork` of its own
+/// made on first use, this has no half-registered state a `fork()` from
+/// another thread could catch.  Initialises the allocator.
+pub fn set_fork_hooks(h: &'static ForkHooks) {
+    thread::ensure_init();
+    thread::set_fork_hooks(h);
+}
+
 /// Allocate a descriptor of `desc_size` bytes together with `data_size` bytes
 /// of data aligned to `data_align` (a power of two) in one block.  Returns
 /// `(descriptor, data)`; freeing the descriptor frees both.

@@ -238,12 +238,44 @@ extern "C" fn thread_exit(arg: *mut libc::c_void) {
     LIVE_HEAPS.fetch_sub(1, Ordering::Relaxed);
 }
 
+/// `fork()` handlers of a layer above the allocator (see
+/// [`crate::set_fork_hooks`]).
+pub struct ForkHooks {
+    /// Runs before the allocator's locks are taken.
+    pub prepare: extern "C" fn(),
+    /// Runs in the parent after the allocator's locks are released.
+    pub parent: extern "C" fn(),
+    /// Runs in the child after the allocator is reset.
+    pub child: extern "C" fn(),
+}
+
+/// The hooks, or null.  Set by one atomic store (no "being set" state a
+/// fork could catch half way).
+static FORK_HOOKS: core::sync::atomic::AtomicPtr<ForkHooks> = core::sync::atomic::AtomicPtr::new(ptr::null_mut());
+
+pub(crate) fn set_fork_hooks(h: &'static ForkHooks) {
+    FORK_HOOKS.store(h as *const ForkHooks as *mut ForkHooks, core::sync::atomic::Ordering::Release);
+}
+
+fn fork_hooks() -> Option<&'static ForkHooks> {
+    // SAFETY: the pointer is null or came from a `&'static ForkHooks`.
+    unsafe { FORK_HOOKS.load(core::sync::atomic::Ordering::Acquire).as_ref() }
+}
+
 extern "C" fn fork_prepare() {
+    // The layer's locks first: its calls allocate, so its lock is taken
+    // before the allocator's (the same order as in those calls).
+    if let Some(h) = fork_hooks() {
+        (h.prepare)();
+    }
     solo::lock_for_fork();
 }
 
 extern "C" fn fork_parent() {
     solo::unlock_after_fork_parent();
+    if let Some(h) = fork_hooks() {
+        (h.parent)();
+    }
 }
 
 extern "C" fn fork_child() {
@@ -265,4 +297,7 @@ extern "C" fn fork_child() {
     // only when one heap is live).
     LIVE_HEAPS.store(usize::from(has_live_heap()), Ordering::Relaxed);
     solo::unlock_after_fork_child();
+    if let Some(h) = fork_hooks() {
+        (h.child)();
+    }
 }

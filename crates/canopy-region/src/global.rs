@@ -8,7 +8,7 @@
 //! program finds the allocator consistent and can go on using it.
 
 use core::cell::UnsafeCell;
-use std::sync::Once;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use canopy_sync::RawLock;
 
@@ -23,7 +23,13 @@ struct Global {
 unsafe impl Sync for Global {}
 
 static GLOBAL: Global = Global { lock: RawLock::new(), ra: UnsafeCell::new(None) };
-static ATFORK: Once = Once::new();
+/// Whether the fork hooks are in place.  Setting them is idempotent (one
+/// atomic store in the allocator), so there is no "being set" state a
+/// `fork()` from another thread could leave behind in the child.
+static HOOKED: AtomicBool = AtomicBool::new(false);
+
+static HOOKS: canopy_alloc::ForkHooks =
+    canopy_alloc::ForkHooks { prepare: fork_prepare, parent: fork_parent, child: fork_child };
 
 extern "C" fn fork_prepare() {
     GLOBAL.lock.lock();
@@ -51,14 +57,12 @@ impl Drop for Held {
 /// if the `CANOPY_REGION_*` configuration is invalid.  `f` must not call
 /// back into this function (the lock is not reentrant).
 pub fn with<R>(f: impl FnOnce(&mut RegionAllocator) -> R) -> Result<R, RegionError> {
-    ATFORK.call_once(|| {
-        // Lock order: region lock, then the allocator's (region calls
-        // allocate).  Prepare handlers run in reverse order of registration,
-        // so the allocator's must be registered first: initialise it now.
-        canopy_alloc::init();
-        // SAFETY: registering plain extern "C" functions that only touch the lock.
-        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
-    });
+    if !HOOKED.load(Ordering::Acquire) {
+        // The allocator's fork handlers take the region lock before its own
+        // (region calls allocate under the region lock) and release it after.
+        canopy_alloc::set_fork_hooks(&HOOKS);
+        HOOKED.store(true, Ordering::Release);
+    }
     GLOBAL.lock.lock();
     let _held = Held;
     // SAFETY: the lock is held until `_held` drops, so this is the only
