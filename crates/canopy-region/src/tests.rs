@@ -303,15 +303,20 @@ fn malformed_packs_are_refused() {
     other.check().unwrap();
 }
 
+/// A 1 MiB-aligned base of `len` bytes of address space that is free now
+/// (reserved once to find it, then released), for allocators over a
+/// `FixedRange` at the same addresses.
+fn free_base(len: usize) -> usize {
+    FixedRange::reserve(len, 1 << 20).unwrap().base()
+}
+
 /// Build a linked list and a binary tree in regions of an allocator over a
 /// fixed range, pack them, drop the allocator (unmapping the range), and
 /// unpack into a new allocator at the same base: the pointers still work.
 #[test]
 fn unpack_at_the_same_addresses_in_a_new_allocator() {
     let len = 64 << 20;
-    let probe = FixedRange::reserve(len, 1 << 20).unwrap();
-    let base = probe.base();
-    drop(probe);
+    let base = free_base(len);
     let cfg = Config::default();
     let (enc, bytes, list_head, tree_root) = {
         let mut ra = RegionAllocator::with_source(cfg.clone(), Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap())).unwrap();
@@ -355,9 +360,7 @@ fn unpack_at_the_same_addresses_in_a_new_allocator() {
 #[test]
 fn unpack_refuses_slot_sizes_the_receiver_does_not_have() {
     let len = 16 << 20;
-    let probe = FixedRange::reserve(len, 1 << 20).unwrap();
-    let base = probe.base();
-    drop(probe);
+    let base = free_base(len);
     let enc = {
         let mut ra =
             RegionAllocator::with_source(Config::default(), Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap()))
@@ -384,9 +387,7 @@ fn unpack_refuses_slot_sizes_the_receiver_does_not_have() {
 #[test]
 fn unpack_takes_slot_sizes_the_receiver_has_from_a_smaller_smallest_slot() {
     let len = 16 << 20;
-    let probe = FixedRange::reserve(len, 1 << 20).unwrap();
-    let base = probe.base();
-    drop(probe);
+    let base = free_base(len);
     for (min_slot, sizes) in [(64, [64usize, 100, 4096]), (32, [32, 64, 96])] {
         let (enc, bytes, objs) = {
             let mut ra = RegionAllocator::with_source(
