@@ -7,7 +7,9 @@
 //! queued objects when it next creates a biased array, when one of its local
 //! counts reaches zero, on [`merge_pending`], and when its thread ends.
 //! After the owner's thread has ended its fields are frozen, and the thread
-//! that would have queued the object merges it itself.
+//! that would have queued the object merges it itself.  The ending thread
+//! counts like any other from the moment it leaves the registry: references
+//! dropped by its later thread-local destructors take the shared path.
 //!
 //! Thread ids here are never reused (a counter, not the TCB address), so an
 //! object can never be mistaken for one owned by a later thread.
@@ -82,6 +84,14 @@ struct OwnerGuard {
 impl Drop for OwnerGuard {
     fn drop(&mut self) {
         let _ = PENDING.try_with(|p| p.set(core::ptr::null()));
+        // From here on this thread is not the owner of its objects: later
+        // clones and drops (other thread-locals' destructors run after this
+        // one) take the shared path with a fresh id.  Otherwise such a drop
+        // would write a plain `local` field while another thread, finding no
+        // registry entry, merges that same field itself (`queue` below): a
+        // data race that could lose a count or free twice.  `ID` has no
+        // destructor, so it is reachable for the whole teardown.
+        ID.with(|c| c.set(NEXT_ID.fetch_add(1, Ordering::Relaxed)));
         // Leave the registry first: a thread that finds no slot for us merges
         // the object itself.  Under the registry lock, so every push made
         // while we were registered is in `items` when we drain below, and our

@@ -314,16 +314,36 @@ fn vector_with_loops_cover_subranges_sequential_and_parallel() {
         let g: Array<u64, Atomic> = genarray(
             &[n],
             9,
-            &[Gen::new(&[0], &[a], |iv| iv[0] as u64 * 2), Gen::new(&[b], &[n], |iv| iv[0] as u64 + 1_000_000)],
+            &[
+                Gen::new(&[0], &[a], |iv| iv[0] as u64 * 2),
+                Gen::new(&[b], &[n], |iv| iv[0] as u64 + 1_000_000),
+            ],
         );
-        let want: Vec<u64> =
-            (0..n).map(|i| if i < a { i as u64 * 2 } else if i >= b { i as u64 + 1_000_000 } else { 9 }).collect();
+        let want: Vec<u64> = (0..n)
+            .map(|i| {
+                if i < a {
+                    i as u64 * 2
+                } else if i >= b {
+                    i as u64 + 1_000_000
+                } else {
+                    9
+                }
+            })
+            .collect();
         assert_eq!(g.as_slice(), &want[..], "genarray n={n}");
         let f: Array<u64, Atomic> = canopy_rc::genarray_fn(&[n], |iv| iv[0] as u64 ^ 0x55);
-        assert!(f.as_slice().iter().enumerate().all(|(i, &v)| v == i as u64 ^ 0x55), "genarray_fn n={n}");
+        assert!(
+            f.as_slice()
+                .iter()
+                .enumerate()
+                .all(|(i, &v)| v == i as u64 ^ 0x55),
+            "genarray_fn n={n}"
+        );
         let h = n / 2;
         let m = f.modarray_fn(&[h], &[n], |iv, &old| old + iv[0] as u64);
-        let want: Vec<u64> = (0..n).map(|i| (i as u64 ^ 0x55) + if i >= h { i as u64 } else { 0 }).collect();
+        let want: Vec<u64> = (0..n)
+            .map(|i| (i as u64 ^ 0x55) + if i >= h { i as u64 } else { 0 })
+            .collect();
         assert_eq!(m.as_slice(), &want[..], "modarray_fn n={n}");
     }
 }

@@ -461,6 +461,71 @@ fn biased_two_others_queue_once() {
     });
 }
 
+/// A non-owner's decrement as `biased.rs` makes it: on `Queue`, push to the
+/// owner's queue if the owner is still registered, else merge here.
+fn bdec_registry(o: *const BObj, me: u64, registered: &Mutex<bool>, queue: &Mutex<Vec<usize>>) {
+    // SAFETY: the caller holds a reference it gives up here.
+    match unsafe { (*o).count.dec(me) } {
+        Dec::Keep => {}
+        Dec::Free => unsafe { brelease(o as *const u8) },
+        Dec::Queue => {
+            let reg = registered.lock().unwrap();
+            if *reg {
+                queue.lock().unwrap().push(o as usize);
+                return;
+            }
+            drop(reg);
+            // SAFETY: we won QUEUED and the owner has left the registry
+            // (under the lock we just held).
+            if unsafe { (*o).count.merge(true) } {
+                unsafe { brelease(o as *const u8) };
+            }
+        }
+        d => panic!("non-owner got {d:?}"),
+    }
+}
+
+/// The owner's thread ends while it still holds a reference: it leaves the
+/// registry, merges its queue, and then (in a later thread-local
+/// destructor) drops the reference, with a fresh id as `biased.rs` gives it
+/// there, while another thread drops the reference the owner handed it.
+/// Whoever takes the count below zero after the owner left merges the
+/// object itself.  Checked: released exactly once, never early, and loom's
+/// cell check that no two threads touch the owner's plain fields at once
+/// (with the owner's own id for that last drop, as before the fix, this
+/// model fails that check).
+#[test]
+fn biased_drop_during_owner_teardown() {
+    model(|| {
+        let o = Box::into_raw(Box::new(BObj {
+            count: BiasedCount::new(brelease, OWNER),
+            data: UnsafeCell::new(0),
+            freed: AtomicUsize::new(0),
+        }));
+        let ou = o as usize;
+        let queue = Arc::new(Mutex::new(Vec::new()));
+        let registered = Arc::new(Mutex::new(true));
+        // SAFETY (both threads): the object lives until the model frees it.
+        unsafe { (*o).count.inc(OWNER) };
+        let (q, r) = (queue.clone(), registered.clone());
+        let t1 = loom::thread::spawn(move || bdec_registry(ou as *const BObj, 2, &r, &q));
+        // The owner's guard: leave the registry, then merge the queue.
+        *registered.lock().unwrap() = false;
+        bmerge_queue(&queue);
+        // A later destructor on the ending thread drops its reference.
+        bdec_registry(o, 9, &registered, &queue);
+        t1.join().unwrap();
+        unsafe {
+            assert_eq!(
+                (*o).freed.load(Ordering::Relaxed),
+                1,
+                "released exactly once"
+            );
+            drop(Box::from_raw(o));
+        }
+    });
+}
+
 /// A thread whose sender is created while a round of the counting thread is
 /// already under way: thread 1 holds the original reference, creates its
 /// sender (registering its lane), clones (the increment stays pending in the

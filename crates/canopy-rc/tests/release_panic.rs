@@ -32,5 +32,9 @@ fn counting_thread_survives_a_panicking_element_drop() {
         tx.send((n, b.getrc())).unwrap();
     });
     let r = rx.recv_timeout(Duration::from_secs(5));
-    assert_eq!(r, Ok((2, 1)), "getrc did not answer after the counting thread's release panicked");
+    assert_eq!(
+        r,
+        Ok((2, 1)),
+        "getrc did not answer after the counting thread's release panicked"
+    );
 }

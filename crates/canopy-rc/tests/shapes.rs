@@ -10,7 +10,13 @@ use canopy_rc::fold;
 #[test]
 fn fold_over_a_small_box_far_from_the_origin() {
     let big = 1usize << 40;
-    let s = fold(&[0, big - 1, big - 1], &[2, big, big], 0usize, |iv| iv[0] + 1, |a, b| a + b);
+    let s = fold(
+        &[0, big - 1, big - 1],
+        &[2, big, big],
+        0usize,
+        |iv| iv[0] + 1,
+        |a, b| a + b,
+    );
     assert_eq!(s, 3);
 }
 

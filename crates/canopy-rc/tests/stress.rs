@@ -272,3 +272,75 @@ fn stress_delegated_handoff() {
         .count();
     assert_eq!(twice, 0, "{twice} arrays freed more than once");
 }
+
+/// References a thread keeps in a thread-local that is destroyed after its
+/// biased owner registration (registered first, destroyed last): they are
+/// dropped during the thread's teardown, after it has left the owners'
+/// registry, each at the same moment as the peer thread drops its clone of
+/// the same array.  Every array freed exactly once.
+#[test]
+fn stress_biased_drops_during_owner_teardown() {
+    use std::cell::RefCell;
+    use std::sync::{mpsc, Barrier};
+
+    struct Held {
+        arrays: Vec<Array<Tracker, Biased>>,
+        barrier: Option<Arc<Barrier>>,
+    }
+    impl Drop for Held {
+        fn drop(&mut self) {
+            let Some(b) = self.barrier.take() else { return };
+            // Drop one array at a time, each in step with the peer.
+            for a in self.arrays.drain(..) {
+                b.wait();
+                drop(a);
+            }
+        }
+    }
+    thread_local! {
+        static HELD: RefCell<Held> = const { RefCell::new(Held { arrays: Vec::new(), barrier: None }) };
+    }
+
+    const ARRAYS: usize = 64;
+    let rounds = 200 * scale();
+    let total = ARRAYS * rounds;
+    let freed = Arc::new((0..total).map(|_| AtomicUsize::new(0)).collect::<Vec<_>>());
+    for round in 0..rounds {
+        let barrier = Arc::new(Barrier::new(2));
+        let (tx, rx) = mpsc::channel::<Array<Tracker, Biased>>();
+        let (f, b) = (freed.clone(), barrier.clone());
+        let owner = std::thread::spawn(move || {
+            // Register the holder's destructor before the owner's guard
+            // exists (the first biased array makes it): it runs after it.
+            HELD.with(|h| h.borrow_mut().barrier = Some(b));
+            for i in 0..ARRAYS {
+                let a = Array::<Tracker, Biased>::from_fn(&[1], |_| Tracker {
+                    id: round * ARRAYS + i,
+                    freed: f.clone(),
+                });
+                tx.send(a.clone()).unwrap();
+                HELD.with(|h| h.borrow_mut().arrays.push(a.clone()));
+            }
+        });
+        let peer = std::thread::spawn(move || {
+            let got: Vec<_> = rx.iter().collect();
+            for a in got {
+                barrier.wait();
+                drop(a);
+            }
+        });
+        owner.join().unwrap();
+        peer.join().unwrap();
+    }
+    let wrong: Vec<(usize, usize)> = freed
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (i, f.load(Ordering::SeqCst)))
+        .filter(|&(_, n)| n != 1)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "arrays freed other than once (id, times): {:?}",
+        &wrong[..wrong.len().min(10)]
+    );
+}

@@ -77,7 +77,11 @@ fn parallel_copy_in_modarray_ships_workers_counts() {
     let a: Array<Array<Tracked, Delegated>, Atomic> = Array::from_fn(&[n], |_| b.clone());
     delegated::flush();
     let keep = a.clone(); // shared: modarray copies
-    let m = a.modarray(&[Gen::update(&[0], &[1], |_, x: &Array<Tracked, Delegated>| x.clone())]);
+    let m = a.modarray(&[Gen::update(
+        &[0],
+        &[1],
+        |_, x: &Array<Tracked, Delegated>| x.clone(),
+    )]);
     drop((m, keep, b));
     assert!(
         wait_for(&freed),
