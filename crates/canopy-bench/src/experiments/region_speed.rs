@@ -17,8 +17,9 @@
 //! Every object gets 8 bytes written when allocated (so memory is really
 //! touched, for every contender alike); a checksum read back outside the
 //! timed loops makes sure nothing is optimised away.  For each
-//! configuration the contenders run one after the other, interleaved
-//! (A B C A B C), after one unrecorded warm-up round; medians are reported.
+//! configuration the contenders run one after the other, interleaved, the
+//! order turned by one each repetition (A B C, B C A, C A B), after one
+//! unrecorded warm-up round; medians are reported.
 
 use std::alloc::Layout;
 use std::ffi::CStr;
@@ -506,7 +507,11 @@ pub fn run(common: &RegionCommon, opts: &SpeedOptions) -> Result<Finished> {
         let e = expected_checksum(*k);
         for rep in 0..=reps {
             pb.set_message(format!("{} x {}", sz.label(), fmt_count(*k)));
-            for who in CONTENDERS {
+            // The order turns by one contender per repetition, so none
+            // always runs right after the same other one (whose freed or
+            // trimmed memory, and cache state, it would inherit).
+            for j in 0..CONTENDERS.len() {
+                let who = CONTENDERS[(j + rep) % CONTENDERS.len()];
                 let Some((a, f, fa, c)) = b.round(who, sz, *k)? else {
                     continue;
                 };
@@ -691,7 +696,7 @@ fn markdown(
     let mut md = format!(
         "# Allocation in a region and freeing a region (paper 002, §4.3)\n\n\
          In-process, size `{}`: each configuration runs every contender in turn (one warm-up round, then {runs}+ \
-         interleaved rounds; more for small counts), medians reported. Objects get 8 bytes written when allocated. \
+         interleaved rounds, the order turned by one contender each round; more for small counts), medians reported. Objects get 8 bytes written when allocated. \
          `glibc` is `libc::malloc`, resolved in `{lib}`; `canopy` is `canopy_alloc::alloc/free` called directly; \
          `region` allocates in a fresh region of a long-lived `RegionAllocator` and frees one by one, or (second round) \
          frees the region with `rfree`; `bumpalo` resets a long-lived `Bump`; `typed-arena` and `slab` store fixed-size \
