@@ -35,8 +35,38 @@ fn lib() -> &'static Path {
             assert!(st.success(), "building libcanopy_malloc.so failed");
         }
         assert!(p.exists(), "{} missing", p.display());
+        if let Some(newer) = newer_source(&p) {
+            panic!(
+                "{} is older than {}: these tests would run the old allocator; \
+                 run `cargo build --release -p canopy-malloc` first (scripts/test.sh does), \
+                 or point CANOPY_MALLOC_LIB at a fresh build",
+                p.display(),
+                newer.display()
+            );
+        }
         p
     })
+}
+
+/// A source file of the library (or of a crate it is built from) changed
+/// after `lib` was built, if any.
+fn newer_source(lib: &Path) -> Option<PathBuf> {
+    let built = std::fs::metadata(lib).and_then(|m| m.modified()).ok()?;
+    let mut stack: Vec<PathBuf> = ["canopy-malloc", "canopy-alloc", "canopy-region", "canopy-sys", "canopy-sync"]
+        .iter()
+        .flat_map(|c| [workspace().join("crates").join(c).join("src"), workspace().join("crates").join(c).join("Cargo.toml")])
+        .collect();
+    while let Some(p) = stack.pop() {
+        let Ok(m) = std::fs::metadata(&p) else { continue };
+        if m.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                stack.extend(rd.flatten().map(|e| e.path()));
+            }
+        } else if m.modified().is_ok_and(|t| t > built) {
+            return Some(p);
+        }
+    }
+    None
 }
 
 fn scale() -> usize {
