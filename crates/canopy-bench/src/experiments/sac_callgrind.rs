@@ -12,6 +12,7 @@
 //! N is chosen per X so that every X performs the same number of pairs.
 
 use std::ffi::OsString;
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -249,6 +250,22 @@ pub fn run(common: &Common, opts: &CallgrindOptions) -> Result<Finished> {
     cts.skipped = skipped.clone();
     markdown.push_str(&contenders_markdown(&cts));
     markdown.push_str(&table(&rows, &labels, &opts.xs));
+    let negative: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            r.instructions_per_pair
+                .filter(|&v| v < 0.0)
+                .map(|v| format!("{} at X={} ({v:.1})", r.variant, r.x))
+        })
+        .collect();
+    if !negative.is_empty() {
+        let _ = writeln!(
+            markdown,
+            "\nNegative counts (the run took fewer instructions than its compute-only bound on the same \
+             allocator, so the difference is not a per-pair cost; no bar in the chart): {}.",
+            negative.join(", ")
+        );
+    }
     markdown.push_str(&failures_markdown(&failures));
 
     let chart = BarChart {
@@ -269,7 +286,10 @@ pub fn run(common: &Common, opts: &CallgrindOptions) -> Result<Finished> {
                                 .find(|r| r.x == x && &r.variant == l)
                                 .and_then(|r| r.instructions_per_pair)
                         })
-                        .map(|v| v.map(|v| v.max(0.0)))
+                        // A negative count (the run counted fewer instructions
+                        // than its bound) has no bar; the table and the note
+                        // below give it.
+                        .map(|v| v.filter(|&v| v >= 0.0))
                         .collect(),
                 })
                 .collect(),
