@@ -729,7 +729,7 @@ impl Heap {
             let mine = core::ptr::eq((*d).heap.load(Ordering::Relaxed), self);
             match (*d).kind {
                 kind::SMALL if mine && is_carved_block(d, p) && (*(p as *mut Block)).tag == free_tag() ^ 1 => self.free_small_local(d, p),
-                kind::MEDIUM if mine && crate::medium::Medium::is_in_flight(p) => self.medium.free_local(&mut self.counters, p),
+                kind::MEDIUM if mine && crate::medium::Medium::is_in_flight(p) => self.medium.free_in_flight(&mut self.counters, p),
                 _ => {
                     crate::report::bad_free_found("free", p, 0, 0);
                     return false;

@@ -677,20 +677,25 @@ unsafe fn free_medium(d: *mut Desc, p: *mut u8, call: &'static str) {
     match medium::Medium::validate(p) {
         Err(e) => report::bad_free(call, p, e, 0, None),
         Ok(_) => {
-            // SAFETY: p is a live medium chunk of `owner`.
+            // SAFETY: p is a validated medium chunk of `owner`.  `validate`
+            // read USED, but another thread may be freeing the chunk at the
+            // same time: `free_local` and `mark_in_flight` take it out of USED
+            // with a compare-and-swap, so exactly one free wins, and only the
+            // winner links the chunk into a bin or a remote batch.
             unsafe {
                 let owner = (*d).heap.load(canopy_sync::prim::Ordering::Relaxed);
                 let me = tls_heap();
                 if owner == me && (*me).tid == canopy_sys::thread_id() {
                     let mr = &mut *me;
-                    mr.medium.free_local(&mut mr.counters, p);
-                } else {
-                    medium::Medium::mark_in_flight(p);
-                    if me != empty_heap() && (*me).tid != 0 && (*me).tid != DEAD_TID {
-                        (*me).free_remote(owner, p);
-                    } else {
-                        heap::push_direct(owner, p);
+                    if !mr.medium.free_local(&mut mr.counters, p) {
+                        report::bad_free(call, p, BadFree::DoubleFree, 0, None);
                     }
+                } else if !medium::Medium::mark_in_flight(p) {
+                    report::bad_free(call, p, BadFree::DoubleFree, 0, None);
+                } else if me != empty_heap() && (*me).tid != 0 && (*me).tid != DEAD_TID {
+                    (*me).free_remote(owner, p);
+                } else {
+                    heap::push_direct(owner, p);
                 }
             }
         }

@@ -8,7 +8,8 @@
 //!  | size: u32 | state:u32 | tag: u64            | payload ...            |
 //!  +-----------+-----------+---------------------+------------------------+
 //!  size  = whole chunk in bytes (header included), a multiple of 16
-//!  state = USED, FREE (in a bin) or FRAG (free, too small for any bin)
+//!  state = USED, FREE (in a bin), FRAG (free, too small for any bin) or
+//!          IN_FLIGHT (freed by another thread, on its way to the owner)
 //!  tag   = chunk address ^ process key (rejects pointers that are not chunks)
 //! ```
 //!
@@ -19,6 +20,13 @@
 //! chunks merged (deferred coalescing, SAC §3: a freed size is likely to be
 //! requested again soon), then a new page is taken.  A page whose chunks are
 //! all free goes back to the global heap.
+//!
+//! A free moves a chunk out of USED with one compare-and-swap on `state`:
+//! USED -> IN_FLIGHT by another thread (`mark_in_flight`), USED -> FRAG by
+//! the owner (`free_local`; then FREE if it is binned), IN_FLIGHT -> FRAG
+//! when the owner takes the chunk from its inbox (`free_in_flight`).  Of two
+//! frees of one chunk racing from two threads exactly one wins; the other is
+//! refused and reported as a double free, and leaves the chunk alone.
 
 use crate::arena::{self, desc, desc_index, kind, Desc, PAGE, PAGE_UNITS};
 use crate::global;
@@ -26,6 +34,9 @@ use crate::heap::{give_span_back, Heap, HeapCounters};
 use crate::size_class::{class_index, class_size, NUM_CLASSES, SMALL_CLASSES};
 use canopy_sync::prim::Ordering;
 use core::ptr;
+// Not `canopy_sync::prim`: chunk headers are written in place in page memory,
+// never constructed, which loom's atomics cannot be (as for `report.rs`).
+use core::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 const MEDIUM_CLASSES: usize = NUM_CLASSES - SMALL_CLASSES;
 const HDR: usize = 16;
@@ -39,11 +50,71 @@ const MIN_BIN_PAYLOAD: usize = class_size(SMALL_CLASSES);
 #[repr(C)]
 struct Chunk {
     size: u32,
-    state: u32,
+    /// Atomic because frees of a live chunk may race with each other (see
+    /// the module comment) and with the owner's reads (coalescing); plain
+    /// stores are the owner's, to chunks no free can claim (`set_state`).
+    state: AtomicU32,
     tag: u64,
     // payload starts here; while free:
     next: *mut Chunk,
     prev: *mut Chunk,
+}
+
+// The header keeps its layout: `AtomicU32` has the size of a `u32` and the
+// alignment of its size.
+const _: () = assert!(core::mem::offset_of!(Chunk, tag) == 8 && core::mem::offset_of!(Chunk, next) == HDR);
+
+// The state is read and written through the raw pointer, never through a
+// `&Chunk`: that would also cover `next` and `prev`, the first bytes of the
+// payload, which the program or a remote free may be writing meanwhile.
+//
+// Relaxed for plain reads and writes of the state: nothing is published
+// through it.  The owner's own accesses need no ordering, and a chunk reaches
+// the owner from another thread through the inbox, whose push (release) and
+// pop (acquire) order the sender's writes, IN_FLIGHT included, before the
+// owner's reads.
+
+/// State of the chunk at `c`.
+///
+/// # Safety
+/// `c` is a chunk header in a mapped page.
+#[inline]
+unsafe fn state_of(c: *const Chunk) -> u32 {
+    // SAFETY: the header is mapped (caller); the reference covers only
+    // `state`, which every thread accesses atomically.
+    unsafe { (*c).state.load(Relaxed) }
+}
+
+/// Set the state of the chunk at `c` (the owner, on a chunk no free can
+/// claim: one that is not USED, or that it is handing out).
+///
+/// # Safety
+/// As for [`state_of`].
+#[inline]
+unsafe fn set_state(c: *const Chunk, s: u32) {
+    // SAFETY: as in `state_of`.
+    unsafe { (*c).state.store(s, Relaxed) }
+}
+
+/// Move the state of the chunk at `c` from `from` to `to` if it is `from`;
+/// false (nothing written) if it is not: another free of the chunk won.
+///
+/// Relaxed suffices.  Exclusion comes from the atomicity of the
+/// read-modify-write, whatever its ordering: the writes to `state` have one
+/// modification order and a successful CAS reads the value just before its
+/// own write, so of two CAS from USED only the first in that order reads
+/// USED.  Nor can a free read a value older than the USED written by
+/// `make_used`: the program's hand-over of the pointer orders that write
+/// before the free (write-read coherence).  The CAS publishes nothing: the
+/// winner's later writes reach the owner through the inbox (see above), and
+/// the loser touches nothing more of the chunk.
+///
+/// # Safety
+/// As for [`state_of`].
+#[inline]
+unsafe fn claim(c: *const Chunk, from: u32, to: u32) -> bool {
+    // SAFETY: as in `state_of`.
+    unsafe { (*c).state.compare_exchange(from, to, Relaxed, Relaxed).is_ok() }
 }
 
 /// The medium part of a heap.
@@ -95,7 +166,7 @@ impl Medium {
             let q = (*c).size as usize - HDR;
             match bin_of(q) {
                 Some(b) => {
-                    (*c).state = FREE;
+                    set_state(c, FREE);
                     (*c).prev = ptr::null_mut();
                     (*c).next = self.bins[b];
                     if !self.bins[b].is_null() {
@@ -103,7 +174,7 @@ impl Medium {
                     }
                     self.bins[b] = c;
                 }
-                None => (*c).state = FRAG,
+                None => set_state(c, FRAG),
             }
         }
     }
@@ -111,7 +182,7 @@ impl Medium {
     unsafe fn bin_remove(&mut self, c: *mut Chunk) {
         // SAFETY: c is a free chunk; if FREE it is in its bin.
         unsafe {
-            if (*c).state != FREE {
+            if state_of(c) != FREE {
                 return;
             }
             let b = bin_of((*c).size as usize - HDR).expect("binned chunk has a bin");
@@ -123,7 +194,7 @@ impl Medium {
             if !(*c).next.is_null() {
                 (*(*c).next).prev = (*c).prev;
             }
-            (*c).state = FRAG;
+            set_state(c, FRAG);
         }
     }
 
@@ -136,7 +207,7 @@ impl Medium {
     unsafe fn make_used(&mut self, c: *mut Chunk, cls: usize) -> *mut u8 {
         // SAFETY: c is a chunk of ours being handed out.
         unsafe {
-            (*c).state = USED;
+            set_state(c, USED);
             (*c).tag = tag_of(c);
             (*Medium::page_of(c as *const u8)).used += 1;
             self.live[cls - SMALL_CLASSES] += 1;
@@ -259,7 +330,7 @@ impl Medium {
             if (*c).tag != tag_of(c) {
                 return Err(BadFree::NotABlock);
             }
-            match (*c).state {
+            match state_of(c) {
                 USED => Ok(()),
                 FREE | FRAG | IN_FLIGHT => Err(BadFree::DoubleFree),
                 _ => Err(BadFree::NotABlock),
@@ -268,11 +339,16 @@ impl Medium {
     }
 
     /// Mark a validated chunk as on its way to its owner (a remote free), so
-    /// a second free of it is recognised.
-    pub(crate) fn mark_in_flight(p: *mut u8) {
-        // SAFETY: p is a validated live chunk; its header is not touched by
-        // the owner while the chunk is live.
-        unsafe { (*((p as usize - HDR) as *mut Chunk)).state = IN_FLIGHT };
+    /// a second free of it is recognised.  False, with nothing written, if
+    /// another free of the chunk won the race since `validate`: the caller
+    /// reports a double free and must not send the chunk.
+    #[must_use]
+    pub(crate) fn mark_in_flight(p: *mut u8) -> bool {
+        // SAFETY: `validate` found a chunk header at p - HDR, inside a mapped
+        // page (page memory stays mapped); `state` is only accessed
+        // atomically, so a racing free or the owner's accesses are no data
+        // race.
+        unsafe { claim((p as usize - HDR) as *const Chunk, USED, IN_FLIGHT) }
     }
 
     /// Whether `p` is the payload of a chunk marked in flight to its owner.
@@ -285,7 +361,7 @@ impl Medium {
         }
         let c = (a - HDR) as *mut Chunk;
         // SAFETY: the header lies inside the page, which is mapped.
-        unsafe { (*c).tag == tag_of(c) && (*c).state == IN_FLIGHT }
+        unsafe { (*c).tag == tag_of(c) && state_of(c) == IN_FLIGHT }
     }
 
     /// Usable size of a live chunk.
@@ -294,14 +370,45 @@ impl Medium {
         unsafe { (*((p as usize - HDR) as *mut Chunk)).size as usize - HDR }
     }
 
-    /// Free a validated chunk of this heap.
+    /// Free a validated chunk of this heap that the program freed on this
+    /// thread.  False, with nothing done, if another thread's free of the
+    /// chunk won the race since `validate` (a double free, to be reported).
     ///
     /// # Safety
-    /// Owner thread; `p` is a live chunk of this heap.
-    pub(crate) unsafe fn free_local(&mut self, counters: &mut HeapCounters, p: *mut u8) {
-        // SAFETY: p is a live chunk of ours.
+    /// Owner thread; `p` is a validated chunk of this heap.
+    #[must_use]
+    pub(crate) unsafe fn free_local(&mut self, counters: &mut HeapCounters, p: *mut u8) -> bool {
+        // SAFETY: forwarded.
+        unsafe { self.free_from(counters, p, USED) }
+    }
+
+    /// Free a chunk of this heap that another thread's free sent home (from
+    /// the inbox, found in flight by `is_in_flight`).  Only the owner moves a
+    /// chunk out of IN_FLIGHT, so this does not fail.
+    ///
+    /// # Safety
+    /// Owner thread; `p` is a chunk of this heap in flight to it.
+    pub(crate) unsafe fn free_in_flight(&mut self, counters: &mut HeapCounters, p: *mut u8) {
+        // SAFETY: forwarded.
+        let freed = unsafe { self.free_from(counters, p, IN_FLIGHT) };
+        debug_assert!(freed, "a chunk in flight to its owner changed state on the way");
+    }
+
+    /// Claim the chunk at `p` from state `from` (USED or IN_FLIGHT) and free
+    /// it; false if its state was not `from`.
+    ///
+    /// # Safety
+    /// Owner thread; `p` is a validated chunk of this heap.
+    unsafe fn free_from(&mut self, counters: &mut HeapCounters, p: *mut u8, from: u32) -> bool {
+        // SAFETY: p is a validated chunk of ours (header in a mapped page of
+        // this heap).  Once the CAS has moved it out of `from`, no other free
+        // can claim it (they all claim from USED), so it is ours alone to
+        // unbin, link and count; if the CAS fails, nothing is touched.
         unsafe {
             let c = (p as usize - HDR) as *mut Chunk;
+            if !claim(c, from, FRAG) {
+                return false;
+            }
             let q = (*c).size as usize - HDR;
             let cls = class_index(q.min(class_size(NUM_CLASSES - 1)));
             let cls = if class_size(cls) > q { cls - 1 } else { cls };
@@ -314,6 +421,7 @@ impl Medium {
                 self.release_page(counters, page);
             }
         }
+        true
     }
 
     /// Unbin every chunk of an empty page and give the page back.
@@ -329,7 +437,7 @@ impl Medium {
             while off < top {
                 let c = base.add(off) as *mut Chunk;
                 self.bin_remove(c);
-                (*c).state = 0;
+                set_state(c, 0);
                 (*c).tag = 0;
                 off += (*c).size as usize;
             }
@@ -376,7 +484,8 @@ impl Medium {
                 while off < top {
                     let c = base.add(off) as *mut Chunk;
                     let size = (*c).size as usize;
-                    if (*c).state != FREE && (*c).state != FRAG {
+                    let s = state_of(c);
+                    if s != FREE && s != FRAG {
                         // USED, or IN_FLIGHT: freed by another thread and
                         // still on its way back to us.
                         off += size;
@@ -387,7 +496,8 @@ impl Medium {
                     let mut run = size;
                     while off + run < top {
                         let n = base.add(off + run) as *mut Chunk;
-                        if (*n).state != FREE && (*n).state != FRAG {
+                        let s = state_of(n);
+                        if s != FREE && s != FRAG {
                             break;
                         }
                         self.bin_remove(n);
@@ -400,7 +510,7 @@ impl Medium {
                     if off + run == top && page == self.current {
                         (*page).a = off as u32;
                         (*c).tag = 0;
-                        (*c).state = 0;
+                        set_state(c, 0);
                         break;
                     }
                     (*c).size = run as u32;
@@ -453,7 +563,7 @@ impl Medium {
                     if size < HDR || size % 16 != 0 || off + size > top {
                         return Err("medium chunk with a bad size");
                     }
-                    match (*c).state {
+                    match state_of(c) {
                         USED | IN_FLIGHT => used += 1,
                         FREE => {
                             let b = bin_of(size - HDR).ok_or("binned chunk too small for a bin")?;

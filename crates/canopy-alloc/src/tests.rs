@@ -1237,3 +1237,165 @@ fn a_chunk_of_the_largest_medium_class_takes_only_what_it_needs_from_a_long_free
     .unwrap();
     assert!(landed >= 3, "{landed} of 48 chunks of 250 KiB were cut from the free ~1 MiB of a page with one live chunk");
 }
+
+/// `CANOPY_STRESS_SCALE` (default 1): multiplies the work of the race tests.
+fn stress_scale() -> usize {
+    std::env::var("CANOPY_STRESS_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1)
+}
+
+/// Two threads meeting, spinning: a blocking barrier wakes its waiters
+/// microseconds apart, too far apart to race two frees.
+struct SpinMeet(std::sync::atomic::AtomicUsize);
+
+impl SpinMeet {
+    /// Arrive for the `step`-th time (from 0); return once the other thread has.
+    fn at(&self, step: usize) {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        self.0.fetch_add(1, AcqRel);
+        let mut spins = 0u32;
+        while self.0.load(Acquire) < 2 * (step + 1) {
+            spins = spins.wrapping_add(1);
+            if spins % 4096 == 0 {
+                std::thread::yield_now();
+            } else {
+                core::hint::spin_loop();
+            }
+        }
+    }
+}
+
+/// A short delay that differs from round to round, so that the two racing
+/// frees start at every offset of a small range from each other.
+fn jitter(rng: &mut Rng) {
+    let r = rng.next();
+    // Half the rounds start at once, the rest up to ~15 pause hints apart.
+    let n = if r & 1 == 0 { 0 } else { (r >> 1) % 16 };
+    for _ in 0..n {
+        core::hint::spin_loop();
+    }
+}
+
+/// Size of the chunks raced by `race_frees_of_one_medium_chunk` (a medium class).
+const RACED: usize = 20_000;
+
+/// Free one medium chunk twice at the same moment, `rounds` times: by its
+/// owner and by a remote thread (`owner_frees`), or by two remote threads.
+/// `with_heap[i]`: remote thread `i` has a heap (its free is batched and
+/// sent when it next allocates) rather than pushing the free straight to the
+/// owner's inbox.  After each race the owner checks that exactly one of the
+/// two frees was refused and reported, that the chunk was freed once (four
+/// chunks of its size come out distinct, the inbox is not broken), and
+/// every 16 rounds the heap's invariants.  Returns the first round that failed, with what failed.
+fn race_frees_of_one_medium_chunk(rounds: usize, owner_frees: bool, with_heap: [bool; 2]) -> Result<(), String> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    use std::sync::{Arc, Barrier};
+    let remotes = if owner_frees { 1 } else { 2 };
+    let posted = Arc::new(Barrier::new(remotes + 1));
+    let done = Arc::new(Barrier::new(remotes + 1));
+    let meet = Arc::new(SpinMeet(AtomicUsize::new(0)));
+    let slot = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let hs: Vec<_> = (0..remotes)
+        .map(|i| {
+            let (posted, done, meet, slot, stop) = (posted.clone(), done.clone(), meet.clone(), slot.clone(), stop.clone());
+            let with_heap = with_heap[i];
+            std::thread::spawn(move || {
+                if with_heap {
+                    unsafe { free(alloc(RACED)) };
+                }
+                let mut rng = Rng(0x6c07_8965 ^ (i as u32 + 1).wrapping_mul(0x9e37_79b9));
+                for round in 0..rounds {
+                    posted.wait();
+                    if stop.load(Relaxed) {
+                        return;
+                    }
+                    let p = slot.load(Relaxed) as *mut u8;
+                    meet.at(round);
+                    jitter(&mut rng);
+                    unsafe { free(p) };
+                    if with_heap {
+                        // The slow path of a medium allocation sends the batch.
+                        unsafe { free(alloc(RACED)) };
+                    }
+                    done.wait();
+                }
+            })
+        })
+        .collect();
+    let mut rng = Rng(0x2f69_3a1d);
+    let mut failure = None;
+    for round in 0..rounds {
+        let before = report::bad_frees();
+        let p = alloc(RACED);
+        slot.store(p as usize, Relaxed);
+        posted.wait();
+        if owner_frees {
+            meet.at(round);
+            jitter(&mut rng);
+            unsafe { free(p) };
+        }
+        done.wait();
+        // The medium allocations drain the inbox first: a free that won
+        // its race from another thread comes home here.
+        let v: Vec<usize> = (0..4).map(|_| alloc(RACED) as usize).collect();
+        let mut sorted = v.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        // SAFETY: our own heap, read by its owner.
+        let broken = unsafe { (*tls_heap()).inbox_broken };
+        let reported = report::bad_frees() - before;
+        let what = if sorted.len() != v.len() || v.contains(&0) {
+            Some(format!("a chunk was handed out twice: {v:x?} (the raced chunk was {p:?})"))
+        } else if broken {
+            Some(format!("the chunk {p:?} was freed by both and crossed the inbox, which broke"))
+        } else if reported != 1 {
+            Some(format!("{reported} of the two frees of {p:?} were reported as bad (1 expected)"))
+        } else if round % 16 == 0 {
+            check_invariants().err().map(|e| format!("invariant broken: {e}"))
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            failure = Some(format!("round {round} of {rounds}: {what}"));
+            break;
+        }
+        for x in v {
+            unsafe { free(x as *mut u8) };
+        }
+    }
+    if failure.is_some() {
+        // Release the remote threads (they wait for the next round).
+        stop.store(true, Relaxed);
+        posted.wait();
+    }
+    for h in hs {
+        h.join().unwrap();
+    }
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    check_invariants().map_err(|e| format!("invariant broken at the end: {e}"))
+}
+
+#[test]
+fn racing_frees_of_one_medium_chunk_free_it_once_and_report_the_other() {
+    let _g = serial();
+    if options().check {
+        return; // check mode aborts on the first bad free.
+    }
+    let rounds = if cfg!(debug_assertions) { 200 } else { 2500 } * stress_scale();
+    // Each case on a fresh owner thread.  A case that fails leaves a broken
+    // heap, which the next case's thread may adopt: stop at the first.
+    let cases: [(&str, bool, [bool; 2]); 4] = [
+        ("owner and a thread without a heap", true, [false, false]),
+        ("owner and a thread with a heap", true, [true, false]),
+        ("two threads without a heap", false, [false, false]),
+        ("a thread with a heap and one without", false, [true, false]),
+    ];
+    for (name, owner_frees, with_heap) in cases {
+        let r = std::thread::spawn(move || race_frees_of_one_medium_chunk(rounds, owner_frees, with_heap)).join().unwrap();
+        if let Err(e) = r {
+            panic!("racing frees of one medium chunk, {name}: {e}");
+        }
+    }
+}
