@@ -49,6 +49,34 @@ fn objects_are_distinct_aligned_and_sized() {
 }
 
 #[test]
+fn in_region_allocates_like_alloc_and_refuses_dead_regions() {
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let other = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let mut inr = ra.in_region(r).unwrap();
+    let mut ps = Vec::new();
+    // Every slot size, a size 0, and objects spanning slabs.
+    for (k, &s) in [0usize, 1, 16, 17, 48, 64, 65, 200, 4096, 4097, 100_000].iter().cycle().take(2000).enumerate() {
+        let p = inr.alloc(s).unwrap();
+        fill(p, s, k as u8);
+        ps.push((p, s, k as u8));
+    }
+    let (p0, _, _) = ps.swap_remove(0);
+    inr.free(p0).unwrap();
+    assert!(matches!(inr.free(p0), Err(RegionError::NotAllocated { .. })));
+    assert_eq!(inr.allocator().region_stats(r).unwrap().objects, ps.len() as u64);
+    let mut seen = std::collections::HashSet::new();
+    for &(p, s, v) in &ps {
+        assert!(holds(p, s, v), "object of {s} B changed");
+        assert!(seen.insert(p.as_ptr() as usize), "two objects at one address");
+    }
+    assert_eq!(ra.region_stats(other).unwrap().objects, 0);
+    ra.rfree(r).unwrap();
+    assert!(matches!(ra.in_region(r), Err(RegionError::FreedRegion(_))));
+    assert!(matches!(ra.in_region(RegionId::from_raw(0xdead_0001).unwrap()), Err(RegionError::UnknownRegion(_))));
+}
+
+#[test]
 fn region_tree_and_ids() {
     let mut ra = RegionAllocator::new();
     let a = ra.ralloc(RegionId::ROOT, 1).unwrap();
@@ -777,6 +805,8 @@ mod model {
         Realloc(usize, usize, Option<usize>),
         FreeRegion(usize),
         Balloc(usize, usize, usize),
+        /// Several allocations through one `in_region` handle.
+        InRegion(usize, Vec<usize>),
     }
 
     fn size() -> impl Strategy<Value = usize> {
@@ -791,6 +821,7 @@ mod model {
             2 => (any::<usize>(), size(), proptest::option::of(any::<usize>())).prop_map(|(o, s, r)| Op::Realloc(o, s, r)),
             1 => any::<usize>().prop_map(Op::FreeRegion),
             1 => (any::<usize>(), 1usize..200, 1usize..100).prop_map(|(r, s, n)| Op::Balloc(r, s, n)),
+            2 => (any::<usize>(), proptest::collection::vec(size(), 1..40)).prop_map(|(r, v)| Op::InRegion(r, v)),
         ]
     }
 
@@ -834,6 +865,18 @@ mod model {
                             Ok(p) => { fill(p, s, tick); objs.push(Obj { p, size: s, region: r, v: tick }); }
                             Err(RegionError::OutOfMemory { .. }) => {}
                             Err(e) => prop_assert!(false, "{e}"),
+                        }
+                    }
+                    Op::InRegion(i, sizes) => {
+                        let r = regions[i % regions.len()].0;
+                        let mut inr = ra.in_region(r).unwrap();
+                        prop_assert_eq!(inr.id(), r);
+                        for s in sizes {
+                            match inr.alloc(s) {
+                                Ok(p) => { fill(p, s, tick); objs.push(Obj { p, size: s, region: r, v: tick }); }
+                                Err(RegionError::OutOfMemory { .. }) => {}
+                                Err(e) => prop_assert!(false, "{e}"),
+                            }
                         }
                     }
                     Op::Balloc(i, s, n) => {

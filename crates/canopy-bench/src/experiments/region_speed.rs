@@ -6,8 +6,9 @@
 //!
 //! | contender | allocate | free one | free everything |
 //! |---|---|---|---|
-//! | `region` | `RegionAllocator::alloc` in a region | `free` | `rfree` of the region |
-//! | `region-myrmics` | the same with Myrmics' slots: 64 B multiples only (the default has 16, 32 and 48 B slots too) | `free` | `rfree` |
+//! | `region` | `InRegion::alloc` (`RegionAllocator::in_region`: the region id checked once) | `free` | `rfree` of the region |
+//! | `region-by-id` | `RegionAllocator::alloc(size, id)`: the id checked on every call | `free` | `rfree` |
+//! | `region-myrmics` | as `region`, with Myrmics' slots: 64 B multiples only (the default has 16, 32 and 48 B slots too) | `free` | `rfree` |
 //! | `canopy` | `canopy_alloc::alloc` | `canopy_alloc::free` | one by one |
 //! | `glibc` | `libc::malloc` (checked to be glibc's) | `free` | one by one |
 //! | `bumpalo` | `Bump::alloc_layout` | – | `Bump::reset` |
@@ -41,8 +42,9 @@ use crate::report::{self, Machine, Report, Size, Table};
 use crate::stats;
 
 /// The contenders, in run order.
-pub const CONTENDERS: [&str; 7] = [
+pub const CONTENDERS: [&str; 8] = [
     "region",
+    "region-by-id",
     "region-myrmics",
     "canopy",
     "glibc",
@@ -255,15 +257,26 @@ struct Bench {
 type Measured = (f64, Option<f64>, f64, u64);
 
 impl Bench {
-    fn region(&mut self, sz: &Sizes, n: usize) -> Result<Measured> {
+    /// `by_id`: allocate with `alloc(size, id)` (the id checked on every
+    /// call) rather than through `in_region`.
+    fn region(&mut self, sz: &Sizes, n: usize, by_id: bool) -> Result<Measured> {
         let e = |e| anyhow!("region allocator: {e}");
         let rid = self.ra.ralloc(RegionId::ROOT, 0).map_err(e)?;
         self.ptrs.clear();
         let t = Instant::now();
-        for i in 0..n {
-            let p = self.ra.alloc(sz.at(i), rid).map_err(e)?.as_ptr();
-            touch(p, i);
-            self.ptrs.push(p);
+        if by_id {
+            for i in 0..n {
+                let p = self.ra.alloc(sz.at(i), rid).map_err(e)?.as_ptr();
+                touch(p, i);
+                self.ptrs.push(p);
+            }
+        } else {
+            let mut inr = self.ra.in_region(rid).map_err(e)?;
+            for i in 0..n {
+                let p = inr.alloc(sz.at(i)).map_err(e)?.as_ptr();
+                touch(p, i);
+                self.ptrs.push(p);
+            }
         }
         let a = ns(t);
         let c = sum(&self.ptrs);
@@ -414,11 +427,12 @@ impl Bench {
     /// One round of `who`; `None` when it does not fit the sizes.
     fn round(&mut self, who: &str, sz: &Sizes, n: usize) -> Result<Option<Measured>> {
         Ok(Some(match (who, sz) {
-            ("region", _) => self.region(sz, n)?,
+            ("region", _) => self.region(sz, n, false)?,
+            ("region-by-id", _) => self.region(sz, n, true)?,
             ("region-myrmics", _) => {
                 // The same code on the allocator with Myrmics' slots.
                 std::mem::swap(&mut self.ra, &mut self.ram);
-                let r = self.region(sz, n);
+                let r = self.region(sz, n, false);
                 std::mem::swap(&mut self.ra, &mut self.ram);
                 r?
             }
@@ -444,7 +458,7 @@ fn expected_checksum(n: usize) -> u64 {
 
 fn free_all_by(who: &str) -> &'static str {
     match who {
-        "region" | "region-myrmics" => "rfree",
+        "region" | "region-by-id" | "region-myrmics" => "rfree",
         "bumpalo" => "reset",
         "typed-arena" | "slab" => "drop",
         _ => "free one by one",
@@ -620,8 +634,9 @@ pub fn targets(cells: &[Cell], n: usize) -> Vec<Target> {
     let mut labels: Vec<String> = FIXED.iter().map(|s| Sizes::Fixed(*s).label()).collect();
     labels.push(Sizes::Mixed(Vec::new()).label());
     for (who, what) in [
-        ("region", "the default slots: 16, 32, 48 B, then 64 B multiples"),
-        ("region-myrmics", "Myrmics' slots: 64 B multiples only"),
+        ("region", "`in_region`, the default slots: 16, 32, 48 B, then 64 B multiples"),
+        ("region-by-id", "`alloc(size, id)`, the id checked on every call"),
+        ("region-myrmics", "`in_region`, Myrmics' slots: 64 B multiples only"),
     ] {
         let mut all = true;
         let mut parts = Vec::new();
@@ -698,8 +713,10 @@ fn markdown(
          In-process, size `{}`: each configuration runs every contender in turn (one warm-up round, then {runs}+ \
          interleaved rounds, the order turned by one contender each round; more for small counts), medians reported. Objects get 8 bytes written when allocated. \
          `glibc` is `libc::malloc`, resolved in `{lib}`; `canopy` is `canopy_alloc::alloc/free` called directly; \
-         `region` allocates in a fresh region of a long-lived `RegionAllocator` and frees one by one, or (second round) \
-         frees the region with `rfree`; `bumpalo` resets a long-lived `Bump`; `typed-arena` and `slab` store fixed-size \
+         `region` allocates in a fresh region of a long-lived `RegionAllocator` through `in_region` (the region id \
+         checked once) and frees one by one, or (second round) frees the region with `rfree`; `region-by-id` is the \
+         same with `alloc(size, id)`, which checks the id on every call; `region-myrmics` is `region` with Myrmics' \
+         slots (64 B multiples only); `bumpalo` resets a long-lived `Bump`; `typed-arena` and `slab` store fixed-size \
          values and are dropped (they have no mixed-size row). Times include the page faults an allocator causes \
          itself: a contender that gives memory back to the kernel when its objects are freed (glibc trims its heap, \
          `typed-arena` and `slab` free their buffers) touches fresh pages again in the next round, while the region \
@@ -789,6 +806,7 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 
 const PALETTE: [RGBColor; CONTENDERS.len()] = [
     RGBColor(0x1b, 0x9e, 0x77),
+    RGBColor(0x8d, 0xd3, 0xc7),
     RGBColor(0x66, 0xa6, 0x1e),
     RGBColor(0x01, 0x66, 0x5e),
     RGBColor(0x55, 0x55, 0x55),
@@ -1002,8 +1020,8 @@ mod tests {
         let cells = summarize(&rounds, &cfgs);
         assert!(cell(&cells, "64 B", 1000, "region").is_some());
         let t = targets(&cells, 500);
-        assert_eq!(t.len(), 3, "allocation with both slot layouts, region free");
-        assert_eq!(t[2].met, None, "10^6 was not measured");
+        assert_eq!(t.len(), 4, "allocation through in_region and by id, Myrmics' slots, region free");
+        assert_eq!(t[3].met, None, "10^6 was not measured");
         let svg = render(&cells, 500, &sweep).unwrap();
         assert!(svg.starts_with("<svg"));
         assert!(malloc_library() != "unknown");
