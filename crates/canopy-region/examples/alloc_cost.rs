@@ -1,6 +1,8 @@
 //! Instructions per allocate+free pair, for `valgrind --tool=callgrind`:
-//! `alloc_cost region|balloc|malloc|none SIZE N` allocates N objects of SIZE bytes
+//! `alloc_cost region|balloc|malloc|fresh|freshmalloc|none SIZE N` allocates N objects of SIZE bytes
 //! and frees them, in rounds of BATCH (4th argument, default 1000) (in a region, or with Canopy's malloc);
+//! `fresh` allocates each batch in a fresh region (allocation only; the region is freed whole),
+//! `freshmalloc` the same batches with malloc (their frees counted too);
 //! `none` runs the same loop without allocating, to subtract.  SIZE 0 means
 //! mixed sizes (16..256 B, as in `canopy bench region-speed`), from a fixed
 //! pseudo-random sequence.
@@ -53,6 +55,29 @@ fn main() {
                     region_free(&mut ra, p).unwrap();
                 }
                 tf += t1.elapsed();
+            }
+            "fresh" => {
+                // Allocation only, each batch in a fresh region (freed whole):
+                // every slab is new, so the slab set-up counts too.
+                let fr = ra.ralloc(RegionId::ROOT, 0).unwrap();
+                let mut inr = ra.in_region(fr).unwrap();
+                for _ in 0..batch {
+                    ptrs.push(inr.alloc(black_box(next_size())).unwrap());
+                }
+                ta += t0.elapsed();
+                ptrs.clear();
+                ra.rfree(fr).unwrap();
+            }
+            "freshmalloc" => {
+                // The same for malloc: allocation, then the frees untimed.
+                for _ in 0..batch {
+                    ptrs.push(NonNull::new(canopy_alloc::alloc(black_box(next_size()))).unwrap());
+                }
+                ta += t0.elapsed();
+                for p in ptrs.drain(..) {
+                    // SAFETY: allocated just above, freed once.
+                    unsafe { canopy_alloc::free(p.as_ptr()) };
+                }
             }
             "balloc" => {
                 ra.balloc_into(black_box(size), r, batch, &mut ptrs).unwrap();
