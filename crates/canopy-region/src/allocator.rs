@@ -61,8 +61,18 @@ impl RegionId {
         RegionId(NonZeroU64::new(((gen as u64) << 32) | (slot as u64 + 1)).expect("slot + 1 is non-zero"))
     }
 
+    /// The slot the id names.  An id whose low 32 bits are 0 (possible
+    /// from [`from_raw`](Self::from_raw)) names none: it maps to slot
+    /// `u32::MAX`, which no region ever has (`ralloc` stops below it and
+    /// unpacking refuses such ids), so every lookup finds it unknown rather
+    /// than overflowing.
     pub(crate) fn slot(self) -> usize {
-        ((self.0.get() & 0xffff_ffff) - 1) as usize
+        (self.0.get() as u32).wrapping_sub(1) as usize
+    }
+
+    /// Whether the id names a slot (see [`slot`](Self::slot)).
+    pub(crate) fn names_a_slot(self) -> bool {
+        self.0.get() as u32 != 0
     }
 
     pub(crate) fn gen(self) -> u32 {

@@ -561,6 +561,9 @@ impl RegionAllocator {
         let mut ids = BTreeSet::new();
         let mut slots = BTreeSet::new();
         for (i, r) in p.regions.iter().enumerate() {
+            if !r.id.names_a_slot() {
+                return bad(format!("region id {} names no slot (its low 32 bits, the slot + 1, are 0)", r.id));
+            }
             if !slots.insert(r.id.slot()) {
                 return bad(format!("region {} shares its slot with another region of the pack", r.id));
             }

@@ -76,6 +76,41 @@ fn in_region_allocates_like_alloc_and_refuses_dead_regions() {
     assert!(matches!(ra.in_region(RegionId::from_raw(0xdead_0001).unwrap()), Err(RegionError::UnknownRegion(_))));
 }
 
+/// An id whose low 32 bits (the slot + 1) are 0 names no slot: every call
+/// that takes it refuses it as unknown, in debug builds too (the slot was
+/// computed as `low bits - 1`, which overflowed there and panicked).
+#[test]
+fn an_id_with_no_slot_bits_is_an_unknown_region() {
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    for raw in [1u64 << 32, 0xdead_0000_0000, u64::MAX << 32] {
+        let bad = RegionId::from_raw(raw).unwrap();
+        assert!(format!("{bad:?}").contains("slot"));
+        assert!(!ra.contains(bad));
+        assert!(matches!(ra.in_region(bad), Err(RegionError::UnknownRegion(b)) if b == bad));
+        assert_eq!(ra.alloc(16, bad), Err(RegionError::UnknownRegion(bad)));
+        assert_eq!(ra.ralloc(bad, 0), Err(RegionError::UnknownRegion(bad)));
+        assert_eq!(ra.rfree(bad), Err(RegionError::UnknownRegion(bad)));
+        assert_eq!(ra.region_stats(bad), Err(RegionError::UnknownRegion(bad)));
+        assert!(ra.pack(bad).is_err());
+        // A pack naming such a region is refused with a clear error.
+        let p = Packed {
+            slab_size: ra.config().slab_size,
+            granule: ra.config().granule,
+            regions: vec![PackedRegion { id: bad, parent: None, level_hint: 0 }],
+            slabs: Vec::new(),
+            runs: Vec::new(),
+        };
+        match ra.unpack(RegionId::ROOT, &p, |_, _| Ok(())) {
+            Err(RegionError::Unpack(m)) => assert!(m.contains("names no slot"), "{m}"),
+            other => panic!("unpacking region {bad} gave {other:?}"),
+        }
+    }
+    assert!(ra.contains(r));
+    assert_eq!(ra.stats().regions, 2);
+    ra.check().unwrap();
+}
+
 #[test]
 fn region_tree_and_ids() {
     let mut ra = RegionAllocator::new();
