@@ -492,8 +492,8 @@ fn bdec_registry(o: *const BObj, me: u64, registered: &Mutex<bool>, queue: &Mute
 /// Whoever takes the count below zero after the owner left merges the
 /// object itself.  Checked: released exactly once, never early, and loom's
 /// cell check that no two threads touch the owner's plain fields at once
-/// (with the owner's own id for that last drop, as before the fix, this
-/// model fails that check).
+/// (with that last drop made as the owner's, `bdec_owner`, which is what the
+/// code did before the fix, this model fails that check).
 #[test]
 fn biased_drop_during_owner_teardown() {
     model(|| {
