@@ -112,6 +112,25 @@ fn an_id_with_no_slot_bits_is_an_unknown_region() {
 }
 
 #[test]
+fn a_region_filled_in_one_pass_runs_upwards_through_its_memory() {
+    // Slabs taken together for a growing region are handed out in address
+    // order, so consecutive objects are at increasing addresses (prefetchers
+    // follow); also after the memory went back and was taken again.
+    let mut ra = RegionAllocator::new();
+    for _ in 0..2 {
+        let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+        let ps: Vec<usize> = (0..64 * 40).map(|_| ra.alloc(64, r).unwrap().as_ptr() as usize).collect();
+        let back: Vec<_> = ps.windows(2).enumerate().filter(|(_, w)| w[1] < w[0]).map(|(i, w)| (i, w[0], w[1])).collect();
+        assert!(back.is_empty(), "{} of {} steps went down, first: {:x?}", back.len(), ps.len() - 1, back.first());
+        assert!(ps.windows(2).all(|w| w[1] == w[0] + 64), "a region grown in one pass is one run of slots");
+        for &p in &ps {
+            ra.free(NonNull::new(p as *mut u8).unwrap()).unwrap();
+        }
+        ra.rfree(r).unwrap();
+    }
+}
+
+#[test]
 fn region_tree_and_ids() {
     let mut ra = RegionAllocator::new();
     let a = ra.ralloc(RegionId::ROOT, 1).unwrap();
