@@ -54,6 +54,7 @@ mod meta;
 pub mod options;
 mod report;
 pub mod size_class;
+pub mod slab;
 mod solo;
 pub mod stats;
 mod thread;
