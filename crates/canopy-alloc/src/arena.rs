@@ -18,12 +18,20 @@
 //! Invariants (checked by `debug_check_unit` in debug builds):
 //! - `owner != 0` only for a unit of kind `SMALL` whose heap is live, and then
 //!   `owner` is the id of the thread that runs that heap.  `owner` is `0` for
-//!   full slabs (on their heap's full list), poisoned ones, and every slab in
+//!   full slabs (on their heap's full list) and every slab in
 //!   check mode, which sends every free through the checked slow path.
 //! - A unit whose kind is not `SMALL` has `owner == 0`.
-//! - For a `SMALL` unit: `used + |free list| + (capacity - carved blocks) == capacity`
-//!   for blocks in the owner's hands; blocks in flight to the owner as remote
-//!   frees count as used until the owner drains them.
+//! - For a `SMALL` unit: `used + free slots == slots` (plus one for the
+//!   current slab of its class, which carries a bias), where the free slots
+//!   are the set bits of the unit's bitmap ([`bitmap`]); blocks in flight to
+//!   the owner as remote frees count as used until the owner drains them.
+//!
+//! A `SMALL` unit is a [`crate::slab`] slab: its slots' bitmap lives in a
+//! table of its own, `BITMAP_STRIDE` bytes per unit, in the gigabyte below the
+//! descriptor table, so a pointer's bitmap word is, like its descriptor, a
+//! fixed offset from the arena base.  Nothing is written into a free block;
+//! a block on its way to its owner as a remote free is linked through its
+//! first word and marked in its second (see [`Block`]).
 
 use crate::heap::Heap;
 use canopy_sync::prim::{AtomicPtr, AtomicUsize, Ordering};
@@ -68,9 +76,6 @@ pub mod kind {
 
 /// Slab flag: the slab is on its heap's full list.
 pub const FLAG_FULL: u8 = 1;
-/// Slab flag: a double free broke the slab's free list; the slab is retired
-/// (never allocated from or released again; its memory is given up).
-pub const FLAG_POISONED: u8 = 2;
 /// Span flag: the span may hold committed memory.
 pub const SPAN_COMMITTED: u8 = 1;
 /// Span flag: the span is known to read as zero.
@@ -80,35 +85,19 @@ pub const SPAN_ZEROED: u8 = 2;
 /// just trimmed); cleared when the chunk is resized in place.
 pub const LARGE_TAIL_CLEAN: u8 = 4;
 
-/// A free small block: its first word links the free list (or the remote
-/// queue); its second word holds [`free_tag`] while it is on a free list
-/// and `free_tag() ^ 1` while it travels to its owner.  Allocation checks the
-/// tag of the block it pops and clears it: a block freed twice is on the list
-/// twice, and its second copy shows a cleared (or overwritten) tag.
+/// A small block on its way to its owner as a remote free: its first word
+/// links the owner's inbox (`canopy_sync::Node`), its second holds
+/// [`flight_tag`] until the owner drains it.  Both free paths refuse a block
+/// that carries the mark (a second free while the first is in flight would
+/// cross the inbox with the bitmap), and the owner clears it when it takes
+/// the block in.  Free blocks carry nothing: their slab's bitmap says they
+/// are free.
 #[repr(C)]
 pub struct Block {
-    /// Next free block.
+    /// The inbox link.
     pub next: *mut Block,
-    /// `free_tag()` while free (a hint for double-free detection).
+    /// `flight_tag()` while in flight.
     pub tag: usize,
-}
-
-/// Wrapper making the list end shareable.
-#[repr(transparent)]
-pub(crate) struct SyncBlock(pub Block);
-// SAFETY: LIST_END is never written (it lives in read-only memory): no path
-// pops it (its tag is never the free tag) or pushes through it.
-unsafe impl Sync for SyncBlock {}
-
-/// The end of every slab's free list, instead of null: its tag (0) is never
-/// [`free_tag`] (which is odd), so the allocation fast path's tag test also
-/// finds an empty list, with no null test.
-pub(crate) static LIST_END: SyncBlock = SyncBlock(Block { next: ptr::null_mut(), tag: 0 });
-
-/// The end of every slab's free list (see [`LIST_END`]).
-#[inline(always)]
-pub fn list_end() -> *mut Block {
-    &LIST_END.0 as *const Block as *mut Block
 }
 
 /// The descriptor of one unit.  Fields are read and written through raw
@@ -117,12 +106,13 @@ pub fn list_end() -> *mut Block {
 /// a block of the unit is live.
 #[repr(C, align(64))]
 pub struct Desc {
-    /// SMALL: local free list, ended by [`list_end`].  LARGE_ALIGNED: the user pointer.
-    pub free: *mut Block,
+    /// SMALL: the slot multiplier of its class ([`crate::slab::SlotShape::magic`]).
+    pub magic: u64,
     /// SMALL: id of the owning thread while the free fast path may push onto
     /// this slab (current or available); 0 otherwise (see the module invariants).
     pub owner: AtomicUsize,
-    /// SMALL: live blocks (including ones in flight as remote frees).
+    /// SMALL: live blocks (including ones in flight as remote frees), plus
+    /// one while the slab is its class's current slab.
     /// MEDIUM (first unit of a page): live chunks in the page.
     pub used: u32,
     /// One of [`kind`].
@@ -133,10 +123,8 @@ pub struct Desc {
     pub flags: u8,
     /// First unit of a heap page: how many of its units are `HEAP_FREE`.
     pub page_free: u8,
-    /// SMALL: the multiplier of the block-start test (see [`small_divc`]).
-    pub divc: u32,
-    /// SMALL: the bound of the block-start test: carved blocks times
-    /// `size * divc mod 2^32` (see [`is_block_start`]); kept by `carve`.
+    /// SMALL: slots in the slab.
+    pub slots: u32,
     /// FREE_SPAN, FREE_BODY: the unit's clean mark (see
     /// `GlobalState::free_span`).
     pub limit: u32,
@@ -147,7 +135,7 @@ pub struct Desc {
     pub next: *mut Desc,
     /// List links.
     pub prev: *mut Desc,
-    /// SMALL: bytes carved so far.  Spans: length in units.  MEDIUM first unit: bump offset.
+    /// Spans: length in units.  MEDIUM first unit: bump offset.
     pub a: u32,
     /// SMALL: block size.  LARGE: requested size (saturating), raised by a
     /// `realloc` that keeps the chunk for more.
@@ -166,14 +154,14 @@ impl Desc {
     /// An unused descriptor.
     pub const fn new() -> Desc {
         Desc {
-            free: ptr::null_mut(),
+            magic: 0,
             owner: AtomicUsize::new(0),
             used: 0,
             kind: kind::NONE,
             class: 0,
             flags: 0,
             page_free: 0,
-            divc: 0,
+            slots: 0,
             limit: 0,
             heap: AtomicPtr::new(ptr::null_mut()),
             next: ptr::null_mut(),
@@ -184,34 +172,18 @@ impl Desc {
     }
 }
 
-/// The multiplier of the block-start test for blocks of `size` bytes
-/// (`16 <= size <= SMALL_MAX`): `floor(2^32 / size) + 1`.
-///
-/// For an offset `off < UNIT` into a slab, `v = off * divc mod 2^32` is
-/// `k * step` when `off` is `k` blocks (`step = size * divc - 2^32`, with
-/// `0 < step <= size`), and at least `divc > 2^19` otherwise, so one multiply
-/// and one compare with `carved * step <= UNIT` (the descriptor's `limit`)
-/// say "a carved block start" (Lemire's divisibility test, with the
-/// multiplier chosen so that every quotient maps to a distinct small value;
-/// the test `block_start_test_is_exact` checks every class and offset).
-pub const fn small_divc(size: usize) -> u32 {
-    ((1u64 << 32) / size as u64 + 1) as u32
-}
-
-/// `limit` for a slab of blocks of `size` bytes of which `carved_bytes` are carved.
-pub const fn small_limit(size: usize, carved_bytes: usize) -> u32 {
-    let step = (size as u32).wrapping_mul(small_divc(size));
-    (carved_bytes / size) as u32 * step
-}
-
-/// Whether offset `off` (`< UNIT`) into a SMALL slab with multiplier `divc`
-/// and bound `limit` starts a carved block.
-#[inline(always)]
-pub fn is_block_start(off: u32, divc: u32, limit: u32) -> bool {
-    off.wrapping_mul(divc) < limit
-}
-
 const _: () = assert!(UNIT <= 1 << 16 && crate::size_class::SMALL_MAX <= 1 << 13);
+
+/// Bytes of bitmap per unit: one bit per slot of the smallest class.
+pub const BITMAP_STRIDE: usize = UNIT / 16 / 8;
+/// The bitmap table sits this many bytes below the arena base.  It starts
+/// `BITMAP_SKEW` bytes into the gigabyte below the descriptor table's, so
+/// the first word of a slab's bitmap never lies at page offset 0, the offset
+/// of the slab's first block (see [`TABLE_SKEW`] for why that matters), and
+/// its last bytes fall in the descriptor gigabyte's unused head.
+pub const BITMAP_OFFSET: usize = (2 << 30) - BITMAP_SKEW;
+const BITMAP_SKEW: usize = 256;
+const _: () = assert!(MAX_UNITS * BITMAP_STRIDE + BITMAP_SKEW <= (1 << 30) + TABLE_SKEW);
 
 /// Base address of the arena (0 until initialised).
 pub(crate) static ARENA_BASE: AtomicUsize = AtomicUsize::new(0);
@@ -278,23 +250,24 @@ pub fn arena_units() -> usize {
     ARENA_UNITS.load(Ordering::Relaxed)
 }
 
-/// Reserve the descriptor table and the arena, one reservation with the
-/// table in the gigabyte below the arena (which is 1 GiB aligned).  Called
+/// Reserve the bitmap table, the descriptor table and the arena, one
+/// reservation with the descriptors in the gigabyte below the arena (which
+/// is 1 GiB aligned) and the bitmaps in the gigabyte below that.  Called
 /// once, under the init lock.  Returns false if the OS refuses even 1 GiB.
 pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
     let mut gb = arena_gb.clamp(1, (MAX_UNITS * UNIT) >> 30);
     loop {
-        match canopy_sys::reserve_aligned((1 << 30) + (gb << 30), ARENA_ALIGN) {
+        match canopy_sys::reserve_aligned((2 << 30) + (gb << 30), ARENA_ALIGN) {
             Ok(start) => {
-                // SAFETY: start..start+1GiB+gb GiB was just reserved; the part
-                // of the first gigabyte after the table is never used.  The
-                // table starts TABLE_SKEW bytes in (the bytes before it are
-                // never touched).
+                // SAFETY: start..start+2GiB+gb GiB was just reserved; the part
+                // of the descriptor gigabyte after the table is never used.
+                // The table starts TABLE_SKEW bytes in (the bytes before it
+                // hold only the bitmap table's last bytes).
                 let base = unsafe {
                     let table_end = TABLE_SKEW + TABLE_BYTES;
                     let used = (table_end + 4095) & !4095;
-                    canopy_sys::release(start.add(used), (1 << 30) - used);
-                    start.add(1 << 30)
+                    canopy_sys::release(start.add((1 << 30) + used), (1 << 30) - used);
+                    start.add(2 << 30)
                 };
                 if huge {
                     // SAFETY: base..base+gb GiB is ours.
@@ -311,22 +284,21 @@ pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
     }
 }
 
-/// The tag a free small block carries in its second word: a per-process
-/// random odd number, so user data almost never matches it.  A block on its
-/// way to its owner (a remote free) carries `free_tag() ^ 1`.  The free fast
-/// path reads the tag before it links the block, and refuses (through the
-/// slow path) a block tagged either way; `malloc` checks it on reuse.  The
-/// read could wait for the program's last narrow stores into the block; on
-/// the SAC kernel at X = 25 the time with and without it was the same (0.995,
-/// median of 9 interleaved runs).
+/// The mark a small block on its way to its owner (a remote free) carries
+/// in its second word: a per-process random number, so user data almost
+/// never matches it.  The free fast path reads it and sends a block that
+/// carries it to the slow path, which refuses the double free.  The read
+/// could wait for the program's last narrow stores into the block; on the
+/// SAC kernel at X = 25 the time with and without such a read was the same
+/// (0.995, median of 9 interleaved runs).
 #[inline(always)]
-pub fn free_tag() -> usize {
+pub fn flight_tag() -> usize {
     FREE_KEY.load(Ordering::Relaxed)
 }
 
 pub(crate) static FREE_KEY: AtomicUsize = AtomicUsize::new(0x5bd1_e995_a3c5_9ac3);
 
-/// Pick the process's free-tag key (from the arena address and the clock).
+/// Pick the process's flight-tag key (from the arena address and the clock).
 pub(crate) fn init_free_key() {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid out-pointer.
@@ -335,9 +307,27 @@ pub(crate) fn init_free_key() {
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^= x >> 33;
-    // Odd, so never LIST_END's tag 0; bit 1 set, so the in-flight tag
-    // (`key ^ 1`) is not 0 either.
+    // Never 0 (the mark a drained block is left with).
     FREE_KEY.store(x | 3, Ordering::Relaxed);
+}
+
+/// The first bitmap word of unit `idx` ([`BITMAP_STRIDE`] bytes; a SMALL
+/// unit uses the first `words` of its class's [`crate::slab::SlotShape`]).
+/// The owner reads and writes the words with relaxed loads and stores (plain
+/// moves); other threads only read them, as a hint (see `free_small_slow`).
+/// The words are `core` atomics even under loom: they live in raw memory.
+///
+/// # Safety
+/// `idx < MAX_UNITS` and the arena is initialised.
+#[inline(always)]
+pub unsafe fn bitmap(idx: usize) -> *mut core::sync::atomic::AtomicU64 {
+    bitmap_at(arena_base(), idx)
+}
+
+/// [`bitmap`] with the arena base already loaded.
+#[inline(always)]
+pub fn bitmap_at(base: usize, idx: usize) -> *mut core::sync::atomic::AtomicU64 {
+    (base - BITMAP_OFFSET + idx * BITMAP_STRIDE) as *mut core::sync::atomic::AtomicU64
 }
 
 /// Set kind and clear owner for `n` units from `idx`.

@@ -32,16 +32,18 @@ fn words(d: *const Desc) -> *mut AtomicU64 {
     unsafe { BITS.load(Ordering::Acquire).add(desc_index(d) * WORDS_PER_UNIT) }
 }
 
-/// Slot number of `p` in slab `d` if it is the start of a carved block.
+/// The check bit of `p` in slab `d` (its 16-byte granule) if `p` starts a
+/// slot of the slab.
 fn slot(d: *const Desc, p: *const u8) -> Option<usize> {
     let base = arena::unit_addr(d) as usize;
     let off = (p as usize).checked_sub(base)?;
-    // SAFETY: d is a SMALL descriptor; size and carved offset are stable
-    // while a block of the slab may be live.
-    let (size, carved) = unsafe { ((*d).b as usize, (*d).a as usize) };
-    if size == 0 || off % size != 0 || off >= carved {
+    if off >= UNIT {
         return None;
     }
+    // SAFETY: d is a SMALL descriptor; its multiplier and slot count are
+    // stable while a block of the slab may be live.
+    let (magic, slots) = unsafe { ((*d).magic, (*d).slots) };
+    crate::slab::locate(magic, slots, off)?;
     Some(off / 16)
 }
 

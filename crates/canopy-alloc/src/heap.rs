@@ -3,18 +3,23 @@
 //! Each thread that allocates gets a [`Heap`].  It takes 1 MiB pages from the
 //! global heap and cuts them into 64 KiB slabs, one size class per slab (the
 //! arena matrix row x column is `class x heap`), or uses whole pages for medium
-//! chunks (see `medium.rs`).
+//! chunks (see `medium.rs`).  A slab is a [`crate::slab`] slab, the building
+//! block the region layer's pools use too: slots of one size and a bitmap of
+//! free slots kept apart from them ([`arena::bitmap`]).
 //!
-//! Fast paths (no atomics, no locks):
-//! - `alloc`: pop the free list of `direct[(size + 15) / 16]` (by size) or
-//!   `current[class]` (by class).
-//! - `free` by the owner thread: push on the slab's free list.
+//! Fast paths (no atomics, no locks; the bitmap words are read and written
+//! with relaxed loads and stores, plain moves):
+//! - `alloc`: take the lowest free slot of the cursor word of
+//!   `direct[(size + 15) / 16]` (by size) or `cursors[class]` (by class).
+//! - `free` by the owner thread: set the slot's bit (a bit already set is a
+//!   double free, caught exactly).
 //!
-//! Slow path (`alloc_small_slow`): drain the inbox of remote frees, send the
-//! outgoing remote batches, carve more blocks from the current slab (lazily,
-//! 4 KiB at a time, so untouched memory is never committed), else take a slab
-//! with free blocks of that class, else a fresh slab from the heap's free
-//! units, else a new page from the global heap.
+//! Slow path (`alloc_small_slow`): move the cursor to the lowest word of the
+//! current slab with a free slot (so a slab fills upwards, and untouched
+//! memory at its top is never committed early), else drain the inbox of
+//! remote frees and send the outgoing remote batches, else take a slab with
+//! free slots of that class, else a fresh slab from the heap's free units,
+//! else a new page from the global heap.
 //!
 //! Frees by another thread are messages to the owner: the freeing thread
 //! batches them per destination heap in its [`RemoteCache`] and sends a batch
@@ -27,26 +32,74 @@
 //!
 //! Invariants (checked by [`Heap::check`]):
 //! - `cur[c]` is `EMPTY_DESC` or a SMALL slab of class `c` on no list;
-//!   `current[c] == cur[c]` except in check mode, where it is `EMPTY_DESC`;
-//!   `direct[g] == current[c]` for every size granule `g` of class `c`.
+//!   `cursors[c]` is empty (its word [`ZERO_WORD`]) or a word of `cur[c]`'s
+//!   bitmap, and always empty in check mode; `direct[g]` points at
+//!   `cursors[c]` for every size granule `g` of class `c`.
 //! - A slab on `avail[c]` has no FULL flag; a slab on `full[c]` has it.
 //! - Every slab's `heap` is this heap; `owner` is `tid` for the slabs on
 //!   `avail` while the heap is live outside check mode, and 0 for the slabs on
 //!   `full` (so a free into a full slab takes the slow path).
-//! - Free lists end with `arena::LIST_END`, never null.
+//! - `used + free slots == slots` for every slab, plus one for `cur[c]`.
 
-use crate::arena::{self, desc, desc_index, free_tag, kind, list_end, Block, Desc, FLAG_FULL, FLAG_POISONED, PAGE_UNITS, UNIT};
+use crate::arena::{self, desc, desc_index, flight_tag, kind, Block, Desc, FLAG_FULL, PAGE_UNITS, UNIT};
 use crate::global;
 use crate::medium::Medium;
+use crate::report::BadFree;
 use crate::size_class::{class_size, NUM_CLASSES, SMALL_CLASSES, SMALL_MAX};
+use crate::slab::{self, SlotShape};
 use canopy_sync::prim::{AtomicU64, AtomicUsize, Ordering};
 use canopy_sync::{CachePadded, MpscQueue, Node};
 use core::ptr;
+use core::sync::atomic::AtomicU64 as BitWord;
 
 /// Slots in a thread's cache of outgoing remote-free batches.
 const REMOTE_SLOTS: usize = 8;
-/// Bytes carved from a slab at a time.
-const CARVE_BYTES: usize = 4096;
+
+/// The slab geometry of each small class in a 64 KiB unit.
+pub(crate) static SHAPES: [SlotShape; SMALL_CLASSES] = {
+    let mut a = [SlotShape::EMPTY; SMALL_CLASSES];
+    let mut c = 0;
+    while c < SMALL_CLASSES {
+        a[c] = SlotShape::new(class_size(c), UNIT);
+        c += 1;
+    }
+    a
+};
+
+/// Where the allocation fast path of a class takes its next block: one word
+/// of its current slab's bitmap.
+#[repr(C)]
+pub(crate) struct Cursor {
+    /// The bitmap word; [`ZERO_WORD`] when the class has no current slab to
+    /// take from on the fast path.
+    pub(crate) word: *const BitWord,
+    /// Address of the word's slot 0.
+    pub(crate) base: usize,
+    /// Slot size.
+    pub(crate) size: usize,
+    /// The slab the word belongs to (`EMPTY_DESC` with `ZERO_WORD`).
+    pub(crate) desc: *mut Desc,
+}
+
+/// The word of every empty cursor: no free slot, so the fast path goes to
+/// the slow path without writing anything.  Never written.
+pub(crate) static ZERO_WORD: BitWord = BitWord::new(0);
+
+impl Cursor {
+    const fn empty() -> Cursor {
+        Cursor { word: &ZERO_WORD, base: 0, size: 0, desc: &EMPTY_DESC.0 as *const Desc as *mut Desc }
+    }
+}
+
+/// Wrapper making the static cursor shareable.
+#[repr(transparent)]
+pub(crate) struct SyncCursor(pub Cursor);
+// SAFETY: EMPTY_CURSOR is never written: its word has no free slot, so the
+// fast path never takes from it, and only a live heap's own cursors are set.
+unsafe impl Sync for SyncCursor {}
+
+/// What `direct` points at in [`EMPTY_HEAP`].
+pub(crate) static EMPTY_CURSOR: SyncCursor = SyncCursor(Cursor::empty());
 
 /// A batch of frees for one destination heap.
 #[derive(Clone, Copy)]
@@ -74,7 +127,7 @@ pub(crate) struct Published {
 }
 
 /// Number of per-heap counters.
-pub(crate) const COUNTERS: usize = 10;
+pub(crate) const COUNTERS: usize = 9;
 
 /// Per-heap event counters (owner-only, published for statistics).
 #[derive(Clone, Copy, Default, Debug)]
@@ -88,7 +141,6 @@ pub(crate) struct HeapCounters {
     pub pages_taken: u64,
     pub pages_returned: u64,
     pub large_allocs: u64,
-    pub poisoned_slabs: u64,
 }
 
 impl HeapCounters {
@@ -103,7 +155,6 @@ impl HeapCounters {
             self.pages_taken,
             self.pages_returned,
             self.large_allocs,
-            self.poisoned_slabs,
         ]
     }
 }
@@ -115,12 +166,13 @@ pub(crate) const DIRECT_LEN: usize = SMALL_MAX / 16 + 1;
 /// fast path reaches a slab with one load from the heap pointer.
 #[repr(C)]
 pub struct Heap {
-    /// Fast-path view of the current slab per 16-byte granule of the size:
-    /// `direct[(size + 15) / 16] == current[class of size]`, so `malloc`
-    /// needs no size-to-class step (mimalloc's `pages_free_direct`).
-    pub(crate) direct: [*mut Desc; DIRECT_LEN],
-    /// Fast-path view of the current slab per small class.
-    pub(crate) current: [*mut Desc; SMALL_CLASSES],
+    /// The cursor of each 16-byte granule of the size:
+    /// `direct[(size + 15) / 16] == &cursors[class of size]`, so `malloc`
+    /// needs no size-to-class step (mimalloc's `pages_free_direct`).  Set
+    /// once when the heap is built (the heap never moves).
+    pub(crate) direct: [*mut Cursor; DIRECT_LEN],
+    /// The allocation cursor of each small class.
+    pub(crate) cursors: [Cursor; SMALL_CLASSES],
     /// Small allocations served by the fast path (owner-only).
     pub(crate) allocs: u64,
     /// Thread id of the owner, 0 while abandoned.
@@ -155,8 +207,7 @@ pub struct Heap {
     /// the remote free, or a free of a block reused meanwhile: the word that
     /// linked the block in the inbox was reused, so the rest of the chain may
     /// run through our free lists or live blocks.  The inbox is not drained
-    /// again (frees still sent to it are given up, like a poisoned slab's
-    /// blocks), no page of the heap goes back to the global heap from then
+    /// again (frees still sent to it are given up), no page of the heap goes back to the global heap from then
     /// on, and the heap is retired when its thread exits, keeping its memory:
     /// the inbox's tail may be any block of this heap, and a late remote free
     /// writes through it.
@@ -169,15 +220,15 @@ pub struct Heap {
     pub(crate) id: usize,
 }
 
-/// The descriptor every empty `current` slot points at: no free blocks, so the
-/// fast path falls through to the slow path.  Never written.
-pub(crate) static EMPTY_DESC: SyncDesc = SyncDesc(Desc { free: &arena::LIST_END.0 as *const Block as *mut Block, ..Desc::new() });
+/// The descriptor of every empty cursor and empty `cur` entry.  Never
+/// written (the fast path reaches it only through an empty cursor, which
+/// has no free slot).
+pub(crate) static EMPTY_DESC: SyncDesc = SyncDesc(Desc::new());
 
 /// Wrapper making the static descriptor shareable.
 #[repr(transparent)]
 pub(crate) struct SyncDesc(pub Desc);
-// SAFETY: EMPTY_DESC is never written (its free list is empty, so no path
-// pops from or pushes to it).
+// SAFETY: EMPTY_DESC is never written (see above).
 unsafe impl Sync for SyncDesc {}
 
 #[inline(always)]
@@ -185,15 +236,15 @@ pub(crate) fn empty_desc() -> *mut Desc {
     &EMPTY_DESC.0 as *const Desc as *mut Desc
 }
 
-/// The heap a thread has before its first allocation: every class points at
-/// [`EMPTY_DESC`], so its first allocation takes the slow path, which creates
-/// or adopts a real heap.
+/// The heap a thread has before its first allocation: every cursor is
+/// empty, so its first allocation takes the slow path, which creates or
+/// adopts a real heap.
 pub(crate) static EMPTY_HEAP: SyncHeap = SyncHeap(Heap::new_empty());
 
 /// Wrapper making the static heap shareable.
 #[repr(transparent)]
 pub(crate) struct SyncHeap(pub Heap);
-// SAFETY: EMPTY_HEAP is never written: its slabs are all EMPTY_DESC, so the
+// SAFETY: EMPTY_HEAP is never written: its cursors are all empty, so the
 // fast path never succeeds on it, and the slow path replaces it first.
 unsafe impl Sync for SyncHeap {}
 
@@ -215,8 +266,8 @@ impl Heap {
     const fn new_empty() -> Heap {
         let e = &EMPTY_DESC.0 as *const Desc as *mut Desc;
         Heap {
-            direct: [e; DIRECT_LEN],
-            current: [e; SMALL_CLASSES],
+            direct: [&EMPTY_CURSOR.0 as *const Cursor as *mut Cursor; DIRECT_LEN],
+            cursors: [const { Cursor::empty() }; SMALL_CLASSES],
             allocs: 0,
             tid: 0,
             cur: [e; SMALL_CLASSES],
@@ -237,7 +288,6 @@ impl Heap {
                 pages_taken: 0,
                 pages_returned: 0,
                 large_allocs: 0,
-                poisoned_slabs: 0,
             },
             seen_epoch: 0,
             published: Published { blocks: [ZERO; NUM_CLASSES], slabs: [ZERO; SMALL_CLASSES], counters: [ZERO; COUNTERS], pages: ZERO, small_allocs: ZERO },
@@ -258,6 +308,11 @@ impl Heap {
         unsafe {
             at.write(Heap::new_empty());
             (*at).id = id;
+            for c in 0..SMALL_CLASSES {
+                for g in granules(c) {
+                    (*at).direct[g] = &mut (*at).cursors[c];
+                }
+            }
             (*at).inbox.init();
         }
     }
@@ -302,43 +357,33 @@ impl Heap {
     pub(crate) unsafe fn alloc_small_slow(&mut self, c: usize) -> *mut u8 {
         // SAFETY: owner thread (caller's contract) for everything below.
         unsafe {
-            self.maintenance();
+            // The cursor word is used up: another word of the current slab?
+            // (No housekeeping here: this happens every 64 blocks or less.)
             let d = self.cur[c];
             if d != empty_desc() {
-                if (*d).free == list_end() {
-                    self.carve(d);
-                }
-                if (*d).free != list_end() {
-                    let p = self.pop_checked(d);
-                    if !p.is_null() {
-                        return p;
-                    }
-                    // The slab was poisoned and is no longer current.
-                } else if (*d).used == 0 {
-                    // Lost its bias to a double free.
-                    self.poison(d, ptr::null_mut());
-                } else {
-                    // Exhausted: drop the current bias, move to the full list.
-                    (*d).used -= 1;
-                    self.set_current(c, empty_desc());
-                    self.make_full(c, d);
+                if let Some(p) = self.take_from(c, d) {
+                    return p;
                 }
             }
-            // A slab with free blocks?
+            self.maintenance();
+            if d != empty_desc() {
+                // The drain may have given blocks of it back.
+                if let Some(p) = self.take_from(c, d) {
+                    return p;
+                }
+                // Exhausted: drop the current bias, move to the full list.
+                (*d).used -= 1;
+                self.set_current(c, empty_desc());
+                self.make_full(c, d);
+            }
+            // A slab with free slots?
             while !self.avail[c].is_null() {
                 let s = self.avail[c];
                 Heap::list_remove(&mut self.avail[c], s);
                 (*s).used += 1;
                 self.set_current(c, s);
-                if (*s).free == list_end() {
-                    self.carve(s);
-                }
-                if (*s).free != list_end() {
-                    let p = self.pop_checked(s);
-                    if !p.is_null() {
-                        return p;
-                    }
-                    continue;
+                if let Some(p) = self.take_from(c, s) {
+                    return p;
                 }
                 self.set_current(c, empty_desc());
                 (*s).used -= 1;
@@ -349,8 +394,7 @@ impl Heap {
                 return ptr::null_mut();
             };
             self.set_current(c, s);
-            self.carve(s);
-            self.pop_checked(s)
+            self.take_from(c, s).unwrap_or(ptr::null_mut())
         }
     }
 
@@ -367,112 +411,42 @@ impl Heap {
         }
     }
 
+    /// Make `d` the current slab of class `c` (or none, with `EMPTY_DESC`).
+    /// Its cursor is set by the next `take_from`.
     #[inline]
     fn set_current(&mut self, c: usize, d: *mut Desc) {
         self.cur[c] = d;
-        let fast = if crate::options().check { empty_desc() } else { d };
-        self.current[c] = fast;
-        for g in granules(c) {
-            self.direct[g] = fast;
-        }
+        self.cursors[c] = Cursor::empty();
     }
 
-    /// Pop from the current slab `d` on the slow path.  If the block at the
-    /// head does not carry the free tag, a double free broke the list: the
-    /// slab is poisoned (taken out of use) and null is returned.
-    unsafe fn pop_checked(&mut self, d: *mut Desc) -> *mut u8 {
-        // SAFETY: d is the current slab of this heap with a non-empty free list.
+    /// Take the lowest free slot of the current slab `d` of class `c` and
+    /// point the class's cursor at its word (outside check mode); `None` if
+    /// the slab has no free slot.
+    unsafe fn take_from(&mut self, c: usize, d: *mut Desc) -> Option<*mut u8> {
+        let shape = &SHAPES[c];
+        // SAFETY: d is a SMALL slab of this heap (owner thread), so its
+        // bitmap words (shape.words of them) are ours to write.
         unsafe {
-            let b = (*d).free;
-            if (*b).tag != free_tag() {
-                self.poison(d, b as *mut u8);
-                return ptr::null_mut();
-            }
-            (*d).free = (*b).next;
-            (*b).tag = 0;
-            (*d).used += 1;
-            self.allocs += 1;
-            if crate::options().check {
-                crate::check::mark_allocated(d, b as *mut u8);
-            }
-            b as *mut u8
-        }
-    }
-
-    /// Retire a slab whose free list a double free has broken: report it,
-    /// take the slab off every list and never use it again (its memory is
-    /// given up rather than risk handing a block out twice).
-    #[cold]
-    unsafe fn poison(&mut self, d: *mut Desc, p: *mut u8) {
-        // SAFETY: d is a slab of this heap (owner thread); if it is current it
-        // is on no list, otherwise the caller has taken it off its list.
-        unsafe {
-            let c = (*d).class as usize;
-            crate::report::bad_free_found("free", p, (*d).b as usize, c);
-            if self.cur[c] == d {
-                self.set_current(c, empty_desc());
-            }
-            (*d).flags = FLAG_POISONED;
-            (*d).free = list_end();
-            // Frees into it now take the slow path, which drops them.
-            (*d).owner.store(0, Ordering::Relaxed);
-            self.counters.poisoned_slabs += 1;
-        }
-    }
-
-    /// Whether the free list of an empty slab holds exactly the blocks it
-    /// should: every carved block once, each with the free tag.  A double free
-    /// shows up as a repeated block.
-    unsafe fn free_list_is_sound(&self, d: *mut Desc) -> Result<(), *mut u8> {
-        // SAFETY: d is a slab of this heap; its free blocks are ours to read.
-        unsafe {
-            let size = (*d).b as usize;
-            let base = arena::unit_addr(d) as usize;
-            let carved = (*d).a as usize / size;
-            let mut seen = [0u64; UNIT / 16 / 64];
-            let mut n = 0;
-            let mut b = (*d).free;
-            while b != list_end() {
-                let off = (b as usize).wrapping_sub(base);
-                let i = off / size;
-                if off % size != 0 || i >= carved || (*b).tag != free_tag() || seen[i / 64] & (1 << (i % 64)) != 0 {
-                    return Err(b as *mut u8);
+            let words = arena::bitmap(desc_index(d));
+            for w in 0..shape.words as usize {
+                let word = &*words.add(w);
+                let Some((rest, bit)) = slab::take_lowest_bits(word.load(Ordering::Relaxed)) else {
+                    continue;
+                };
+                word.store(rest, Ordering::Relaxed);
+                let size = shape.size as usize;
+                let base = arena::unit_addr(d) as usize + w * 64 * size;
+                let p = (base + bit as usize * size) as *mut u8;
+                (*d).used += 1;
+                self.allocs += 1;
+                if crate::options().check {
+                    crate::check::mark_allocated(d, p);
+                } else {
+                    self.cursors[c] = Cursor { word, base, size, desc: d };
                 }
-                seen[i / 64] |= 1 << (i % 64);
-                n += 1;
-                b = (*b).next;
+                return Some(p);
             }
-            if n != carved {
-                return Err(ptr::null_mut());
-            }
-            Ok(())
-        }
-    }
-
-    /// Carve up to 4 KiB of fresh blocks from the slab's untouched tail.
-    unsafe fn carve(&mut self, d: *mut Desc) {
-        // SAFETY: d is a slab of this heap; the tail beyond `a` is untouched.
-        unsafe {
-            let size = (*d).b as usize;
-            let carved = (*d).a as usize;
-            let cap = (UNIT / size) * size;
-            if carved >= cap {
-                return;
-            }
-            let n = (CARVE_BYTES / size).max(1).min((cap - carved) / size);
-            let base = arena::unit_addr(d) as usize + carved;
-            let tag = free_tag();
-            let mut head = (*d).free;
-            // Link in reverse so blocks come out in address order.
-            for i in (0..n).rev() {
-                let b = (base + i * size) as *mut Block;
-                (*b).next = head;
-                (*b).tag = tag;
-                head = b;
-            }
-            (*d).free = head;
-            (*d).a = (carved + n * size) as u32;
-            (*d).limit = arena::small_limit(size, carved + n * size);
+            None
         }
     }
 
@@ -490,16 +464,18 @@ impl Heap {
                 self.free_pages -= 1;
             }
             (*page_first).page_free -= 1;
-            let size = class_size(c);
-            (*d).free = list_end();
+            let shape = &SHAPES[c];
+            let words = arena::bitmap(desc_index(d));
+            for w in 0..shape.words as usize {
+                (*words.add(w)).store(shape.fresh_word(w), Ordering::Relaxed);
+            }
             // The bias of being current (see `Heap`): never 0 while current.
             (*d).used = 1;
             (*d).class = c as u8;
             (*d).flags = 0;
-            (*d).divc = arena::small_divc(size);
-            (*d).limit = 0;
-            (*d).a = 0;
-            (*d).b = size as u32;
+            (*d).magic = shape.magic;
+            (*d).slots = shape.slots;
+            (*d).b = shape.size;
             (*d).heap.store(self as *mut Heap, Ordering::Relaxed);
             (*d).kind = kind::SMALL;
             if crate::options().check {
@@ -542,7 +518,6 @@ impl Heap {
             debug_assert_eq!((*d).used, 0);
             (*d).owner.store(0, Ordering::Relaxed);
             (*d).kind = kind::HEAP_FREE;
-            (*d).free = list_end();
             (*d).flags = 0;
             Heap::list_push(&mut self.free_units, d);
             let first_idx = desc_index(d) & !(PAGE_UNITS - 1);
@@ -577,24 +552,25 @@ impl Heap {
 
     // ----- freeing -----
 
-    /// The owner's local free of a small block `p` in slab `d` (validated).
+    /// The owner's free of a small block `p` in slab `d`: set its bit.
+    /// Refuses (changing nothing) a pointer that starts no slot and a block
+    /// that is free already.
     #[inline]
-    pub(crate) unsafe fn free_small_local(&mut self, d: *mut Desc, p: *mut u8) {
-        // SAFETY: d is a slab of this heap and p a live block of it.
+    pub(crate) unsafe fn free_small_local(&mut self, d: *mut Desc, p: *mut u8) -> Result<(), BadFree> {
+        // SAFETY: d is a slab of this heap (owner thread), so its bitmap is
+        // ours to write; the slot index is below `slots`, inside the bitmap.
         unsafe {
-            if (*d).flags & FLAG_POISONED != 0 {
-                return; // a retired slab: its blocks are given up
-            }
-            let b = p as *mut Block;
+            let off = p as usize - arena::unit_addr(d) as usize;
+            let i = slab::locate((*d).magic, (*d).slots, off).ok_or(BadFree::NotABlock)?;
+            let word = &*arena::bitmap(desc_index(d)).add(i / 64);
+            let now = slab::release_bits(word.load(Ordering::Relaxed), i).map_err(|_| BadFree::DoubleFree)?;
+            word.store(now, Ordering::Relaxed);
             debug_assert!((*d).used > 0, "free into a slab with no live block");
-            debug_assert!(is_carved_block(d, p), "free of a block that is not carved");
-            (*b).next = (*d).free;
-            (*b).tag = free_tag();
-            (*d).free = b;
             (*d).used -= 1;
             if (*d).flags != 0 || (*d).used == 0 {
                 self.free_small_post(d, p);
             }
+            Ok(())
         }
     }
 
@@ -602,13 +578,10 @@ impl Heap {
     /// slab goes back to the free units (the current slab never gets here
     /// empty: it carries a bias of one in `used`).
     #[cold]
-    pub(crate) unsafe fn free_small_post(&mut self, d: *mut Desc, p: *mut u8) {
+    pub(crate) unsafe fn free_small_post(&mut self, d: *mut Desc, _p: *mut u8) {
         // SAFETY: d is a slab of this heap (owner thread).
         unsafe {
             let c = (*d).class as usize;
-            if (*d).flags & FLAG_POISONED != 0 {
-                return;
-            }
             if (*d).flags & FLAG_FULL != 0 {
                 (*d).flags &= !FLAG_FULL;
                 Heap::list_remove(&mut self.full[c], d);
@@ -619,17 +592,11 @@ impl Heap {
                 }
             }
             if (*d).used == 0 {
-                if self.cur[c] == d {
-                    // The current slab carries a bias of one: reaching zero
-                    // means more frees than allocations, a double free.
-                    self.poison(d, p);
-                    return;
-                }
+                // Frees are checked against the bitmap, so the current
+                // slab's bias is never given back by a free.
+                debug_assert!(self.cur[c] != d, "the current slab lost its bias");
                 Heap::list_remove(&mut self.avail[c], d);
-                match self.free_list_is_sound(d) {
-                    Ok(()) => self.release_slab(d),
-                    Err(p) => self.poison(d, p),
-                }
+                self.release_slab(d);
             }
         }
     }
@@ -716,7 +683,7 @@ impl Heap {
     unsafe fn free_owned(&mut self, p: *mut u8) -> bool {
         let idx = arena::unit_index(p as usize);
         if idx >= arena::arena_units() {
-            crate::report::bad_free_found("free", p, 0, 0);
+            crate::report::bad_inbox_node(p);
             return false;
         }
         // SAFETY: idx is an arena unit; p is validated before it is used.
@@ -728,10 +695,22 @@ impl Heap {
             // may even have been reused: drop it rather than list it twice.
             let mine = core::ptr::eq((*d).heap.load(Ordering::Relaxed), self);
             match (*d).kind {
-                kind::SMALL if mine && is_carved_block(d, p) && (*(p as *mut Block)).tag == free_tag() ^ 1 => self.free_small_local(d, p),
+                kind::SMALL if mine && (*(p as *mut Block)).tag == flight_tag() => {
+                    (*(p as *mut Block)).tag = 0;
+                    match self.free_small_local(d, p) {
+                        Ok(()) => {}
+                        // Sent by a thread that read the bitmap before the
+                        // owner freed it too: refused here, exactly.
+                        Err(BadFree::DoubleFree) => crate::report::bad_free("free", p, BadFree::DoubleFree, (*d).b as usize, Some((*d).class as usize)),
+                        Err(_) => {
+                            crate::report::bad_inbox_node(p);
+                            return false;
+                        }
+                    }
+                }
                 kind::MEDIUM if mine && crate::medium::Medium::is_in_flight(p) => self.medium.free_in_flight(&mut self.counters, p),
                 _ => {
-                    crate::report::bad_free_found("free", p, 0, 0);
+                    crate::report::bad_inbox_node(p);
                     return false;
                 }
             }
@@ -823,14 +802,9 @@ impl Heap {
             for c in 0..SMALL_CLASSES {
                 let d = self.cur[c];
                 if d != empty_desc() {
-                    if (*d).used == 0 {
-                        // Lost its bias to a double free.
-                        self.poison(d, ptr::null_mut());
-                    } else {
-                        self.set_current(c, empty_desc());
-                        (*d).used -= 1;
-                        Heap::list_push(&mut self.avail[c], d);
-                    }
+                    self.set_current(c, empty_desc());
+                    (*d).used -= 1;
+                    Heap::list_push(&mut self.avail[c], d);
                 }
                 // Empty slabs go back; the rest lose their owner.
                 let mut s = self.avail[c];
@@ -838,10 +812,7 @@ impl Heap {
                     let next = (*s).next;
                     if (*s).used == 0 {
                         Heap::list_remove(&mut self.avail[c], s);
-                        match self.free_list_is_sound(s) {
-                            Ok(()) => self.release_slab(s),
-                            Err(p) => self.poison(s, p),
-                        }
+                        self.release_slab(s);
                     } else {
                         (*s).owner.store(0, Ordering::Relaxed);
                     }
@@ -944,11 +915,14 @@ impl Heap {
                     }
                 }
             }
-            if !check_mode && self.current[c] != d {
-                return Err("fast-path and slow-path current slabs differ");
+            if !check_mode && self.cursors[c].desc != d && self.cursors[c].desc != empty_desc() {
+                return Err("the class's cursor is in another slab than its current one");
             }
-            if granules(c).any(|g| self.direct[g] != self.current[c]) {
-                return Err("the size-indexed and class-indexed current slabs differ");
+            if check_mode && !core::ptr::eq(self.cursors[c].word, &ZERO_WORD) {
+                return Err("a cursor is set in check mode");
+            }
+            if granules(c).any(|g| !core::ptr::eq(self.direct[g], &self.cursors[c])) {
+                return Err("a size granule's cursor is not its class's");
             }
             for (head, full) in [(self.avail[c], false), (self.full[c], true)] {
                 let mut s = head;
@@ -968,21 +942,8 @@ impl Heap {
                         if self.tid != 0 && (*s).owner.load(Ordering::Relaxed) != want {
                             return Err("slab owner is not the heap's thread (0 for full slabs and in check mode)");
                         }
-                        // used + free list + uncarved == capacity
-                        let size = (*s).b as usize;
-                        let cap = UNIT / size;
-                        let mut free = 0;
-                        let mut b = (*s).free;
-                        while b != list_end() {
-                            free += 1;
-                            if free > cap {
-                                return Err("free list longer than the slab (cycle?)");
-                            }
-                            b = (*b).next;
-                        }
-                        let uncarved = cap - (*s).a as usize / size;
-                        if (*s).used as usize + free + uncarved != cap {
-                            return Err("used + free + uncarved != capacity");
+                        if (*s).used + free_slots(s) != (*s).slots {
+                            return Err("used + free slots != slots");
                         }
                         s = (*s).next;
                     }
@@ -991,18 +952,9 @@ impl Heap {
             if d != empty_desc() {
                 // SAFETY: owner reading its own current slab.
                 unsafe {
-                    let size = (*d).b as usize;
-                    let cap = UNIT / size;
-                    let mut free = 0;
-                    let mut b = (*d).free;
-                    while b != list_end() && free <= cap {
-                        free += 1;
-                        b = (*b).next;
-                    }
-                    let uncarved = cap - (*d).a as usize / size;
                     // The current slab's `used` carries a bias of one.
-                    if (*d).used as usize + free + uncarved != cap + 1 {
-                        return Err("current slab: used - 1 + free + uncarved != capacity");
+                    if (*d).used + free_slots(d) != (*d).slots + 1 {
+                        return Err("current slab: used - 1 + free slots != slots");
                     }
                 }
             }
@@ -1099,12 +1051,32 @@ pub(crate) fn reclaim_abandoned() {
     crate::solo::unlock(locked);
 }
 
-/// Whether `p` is the start of a block already carved from slab `d`.
+/// Free slots of SMALL slab `d` (its owner, or a heap nobody runs).
+///
+/// # Safety
+/// `d` is a SMALL descriptor.
+unsafe fn free_slots(d: *const Desc) -> u32 {
+    // SAFETY: a SMALL unit's bitmap has its class's words.
+    unsafe {
+        let words = arena::bitmap(desc_index(d));
+        (0..SHAPES[(*d).class as usize].words as usize).map(|w| (*words.add(w)).load(Ordering::Relaxed).count_ones()).sum()
+    }
+}
+
+/// The slot of SMALL slab `d` that `p` starts, and whether it is free (a
+/// relaxed read of the owner's bitmap: from another thread, a hint); `None`
+/// if `p` starts no slot.
 ///
 /// # Safety
 /// `d` is a SMALL descriptor and `p` lies in its unit.
-pub(crate) unsafe fn is_carved_block(d: *const Desc, p: *mut u8) -> bool {
-    let off = (p as usize - arena::unit_addr(d) as usize) as u32;
-    // SAFETY: d is a valid SMALL descriptor (caller's contract).
-    unsafe { arena::is_block_start(off, (*d).divc, (*d).limit) }
+pub(crate) unsafe fn small_slot(d: *const Desc, p: *mut u8) -> Option<(usize, bool)> {
+    // SAFETY: d is a valid SMALL descriptor (caller's contract): `magic` and
+    // `slots` do not change while a block of it may be live, and a slot
+    // index below `slots` is inside the unit's bitmap.
+    unsafe {
+        let off = p as usize - arena::unit_addr(d) as usize;
+        let i = slab::locate((*d).magic, (*d).slots, off)?;
+        let x = (*arena::bitmap(desc_index(d)).add(i / 64)).load(Ordering::Relaxed);
+        Some((i, slab::is_free(x, i)))
+    }
 }

@@ -59,7 +59,7 @@ mod solo;
 pub mod stats;
 mod thread;
 
-use arena::{desc, desc_index, free_tag, kind, unit_index, Block, Desc, MAX_UNITS, UNIT, UNIT_SHIFT};
+use arena::{desc, desc_index, flight_tag, kind, unit_index, Block, Desc, MAX_UNITS, UNIT, UNIT_SHIFT};
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
 use core::ptr;
@@ -131,45 +131,44 @@ pub fn alloc_class(cls: SizeClass) -> *mut u8 {
     }
 }
 
-/// The fast path by class: pop the current slab's free list.
+/// The fast path by class: the lowest free slot of the class's cursor word.
 #[inline(always)]
 fn alloc_small(c: usize) -> *mut u8 {
     let h = tls_heap();
-    // SAFETY: h is this thread's heap (or EMPTY_HEAP, whose slabs are empty);
-    // c < SMALL_CLASSES.
-    unsafe { pop_or_else(h, *(*h).current.get_unchecked(c), || alloc_small_slow(h, c)) }
+    // SAFETY: h is this thread's heap (or EMPTY_HEAP, whose cursors are
+    // empty); c < SMALL_CLASSES.
+    unsafe { take_or_else(h, (*h).cursors.as_mut_ptr().add(c), || alloc_small_slow(h, c)) }
 }
 
 /// The fast path by size (`size <= SMALL_MAX`): the heap's size-indexed
-/// view of the current slabs saves the size-to-class step.
+/// view of the cursors saves the size-to-class step.
 #[inline(always)]
 fn alloc_small_size(size: usize) -> *mut u8 {
     let g = (size + 15) >> 4;
     let h = tls_heap();
     // SAFETY: as in alloc_small; g < DIRECT_LEN.
-    unsafe { pop_or_else(h, *(*h).direct.get_unchecked(g), || alloc_small_slow_size(size, h)) }
+    unsafe { take_or_else(h, *(*h).direct.get_unchecked(g), || alloc_small_slow_size(size, h)) }
 }
 
-/// Pop the free list of `d`, the current slab of its class in heap `h` (or
-/// `EMPTY_DESC`), else call `slow`.
+/// Take the lowest free slot of cursor `cp`'s word (a word of the current
+/// slab of its class in heap `h`, or the empty cursor's zero word), else
+/// call `slow`.  The word, once used up, stays with the cursor: the next
+/// allocation finds it empty and the slow path moves the cursor.
 ///
 /// # Safety
-/// `h` is this thread's heap or `EMPTY_HEAP`; `d` is one of its current slabs.
+/// `h` is this thread's heap or `EMPTY_HEAP`; `cp` is one of its cursors.
 #[inline(always)]
-unsafe fn pop_or_else(h: *mut Heap, d: *mut Desc, slow: impl FnOnce() -> *mut u8) -> *mut u8 {
-    // SAFETY: the slab and its free blocks belong to this thread; the list
-    // ends with LIST_END, which is readable and whose tag never matches.
+unsafe fn take_or_else(h: *mut Heap, cp: *mut heap::Cursor, slow: impl FnOnce() -> *mut u8) -> *mut u8 {
+    // SAFETY: the cursor, its slab and its bitmap word belong to this thread
+    // (only the owner writes a bitmap); an empty cursor's word is 0, so
+    // nothing is written through it.
     unsafe {
-        let b = (*d).free;
-        // A block on the free list carries the free tag; one that does not
-        // was freed twice (see arena::Block) or is the end of the list, and
-        // the slow path deals with it.
-        if (*b).tag == free_tag() {
-            (*d).free = (*b).next;
-            (*b).tag = 0;
-            (*d).used += 1;
+        let word = &*(*cp).word;
+        if let Some((rest, bit)) = slab::take_lowest_bits(word.load(core::sync::atomic::Ordering::Relaxed)) {
+            word.store(rest, core::sync::atomic::Ordering::Relaxed);
+            (*(*cp).desc).used += 1;
             (*h).allocs += 1;
-            return b as *mut u8;
+            return ((*cp).base + bit as usize * (*cp).size) as *mut u8;
         }
     }
     slow()
@@ -462,11 +461,11 @@ const HINT_CLASS: usize = 1 << 63;
 /// which check mode always takes.
 ///
 /// The fast path takes a block of a slab that is current or on the `avail`
-/// list of this thread's heap (`owner == thread_id()`: full, poisoned and
-/// abandoned slabs, and every slab in check mode, have `owner == 0`), checks
-/// that `p` starts a carved block whose tag does not mark it free or in
-/// flight, and pushes it.  Only a slab that empties
-/// (`used` reaches 0) needs the post hook.
+/// list of this thread's heap (`owner == thread_id()`: full and abandoned
+/// slabs, and every slab in check mode, have `owner == 0`), checks that `p`
+/// starts a slot, that the block is not marked in flight to this heap, and
+/// that its bit is clear (else: a double free), and sets the bit.  Only a
+/// slab that empties (`used` reaches 0) needs the post hook.
 #[inline(always)]
 unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
     let base = arena::arena_base();
@@ -479,28 +478,26 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
         unsafe {
             let d = (base - arena::TABLE_OFFSET + idx * core::mem::size_of::<Desc>()) as *mut Desc;
             if (*d).owner.load(canopy_sync::prim::Ordering::Relaxed) == canopy_sys::thread_id() {
-                // The arena base is unit-aligned: p's low bits are its offset
-                // in the unit.  A carved block start (divisibility by the
-                // block size and the carved range, one multiply and one
-                // compare, see arena::small_divc).  A block whose tag says
-                // it is already free here (tag) or on its way to this heap's
-                // inbox (tag ^ 1) goes to the slow path, which refuses the
-                // double free: linking a block that sits in the inbox into
-                // the free list would cross the two lists.  Other double
-                // frees are caught when the block comes up for reuse or its
-                // slab empties.
-                let off = (p as usize & (UNIT - 1)) as u32;
-                let b = p as *mut Block;
-                let tag = free_tag();
-                if arena::is_block_start(off, (*d).divc, (*d).limit) && (*b).tag ^ tag > 1 {
-                    (*b).next = (*d).free;
-                    (*b).tag = tag;
-                    (*d).free = b;
-                    (*d).used -= 1;
-                    if (*d).used == 0 {
-                        free_post(d, p);
+                // The arena base is unit-aligned: p's low bits are its
+                // offset in the unit; one multiplication gives its slot and
+                // whether it starts one (`slab::locate`).  A block marked in
+                // flight to this heap's inbox goes to the slow path, which
+                // refuses the double free (setting its bit would cross the
+                // inbox with the bitmap); so does a block whose bit is set,
+                // a double free.
+                let off = p as usize & (UNIT - 1);
+                if let Some(i) = slab::locate((*d).magic, (*d).slots, off) {
+                    if (*(p as *mut Block)).tag != flight_tag() {
+                        let word = &*arena::bitmap_at(base, idx).add(i / 64);
+                        if let Ok(now) = slab::release_bits(word.load(core::sync::atomic::Ordering::Relaxed), i) {
+                            word.store(now, core::sync::atomic::Ordering::Relaxed);
+                            (*d).used -= 1;
+                            if (*d).used == 0 {
+                                free_post(d, p);
+                            }
+                            return;
+                        }
                     }
-                    return;
                 }
             }
         }
@@ -639,21 +636,30 @@ unsafe fn free_small_slow(d: *mut Desc, p: *mut u8, call: &'static str) {
                 return;
             }
         } else {
-            if !heap::is_carved_block(d, p) {
-                report::bad_free(call, p, BadFree::NotABlock, size, class);
-                return;
-            }
-            let b = p as *mut Block;
-            let t = (*b).tag;
-            // Free locally (tag), or in flight to its owner (tag ^ 1).
-            if t | 1 == free_tag() {
-                report::bad_free(call, p, BadFree::DoubleFree, size, class);
-                return;
+            // Free (its bit set: exact for the owner, a hint from another
+            // thread, whose double free the owner then catches exactly), or
+            // in flight to its owner.
+            match heap::small_slot(d, p) {
+                None => {
+                    report::bad_free(call, p, BadFree::NotABlock, size, class);
+                    return;
+                }
+                Some((_, true)) => {
+                    report::bad_free(call, p, BadFree::DoubleFree, size, class);
+                    return;
+                }
+                Some((_, false)) if (*(p as *mut Block)).tag == flight_tag() => {
+                    report::bad_free(call, p, BadFree::DoubleFree, size, class);
+                    return;
+                }
+                Some((_, false)) => {}
             }
         }
         let owner = (*d).heap.load(canopy_sync::prim::Ordering::Relaxed);
         if owner == me && !me.is_null() && (*me).tid == canopy_sys::thread_id() {
-            (*me).free_small_local(d, p);
+            if let Err(e) = (*me).free_small_local(d, p) {
+                report::bad_free(call, p, e, size, class);
+            }
         } else {
             send_remote(me, owner, p);
         }
@@ -665,7 +671,7 @@ unsafe fn free_small_slow(d: *mut Desc, p: *mut u8, call: &'static str) {
 unsafe fn send_remote(me: *mut Heap, owner: *mut Heap, p: *mut u8) {
     // SAFETY: p is a validated block of `owner`, dead from now on.
     unsafe {
-        (*(p as *mut Block)).tag = free_tag() ^ 1;
+        (*(p as *mut Block)).tag = flight_tag();
         if me != empty_heap() && !me.is_null() && (*me).tid != 0 && (*me).tid != DEAD_TID {
             (*me).free_remote(owner, p);
         } else {
@@ -757,7 +763,7 @@ unsafe fn usable_size_checked(p: *mut u8, call: &'static str) -> Option<usize> {
         match (*d).kind {
             kind::SMALL => {
                 let size = (*d).b as usize;
-                let live = if options().check { check::is_live(d, p) } else { heap::is_carved_block(d, p) };
+                let live = if options().check { check::is_live(d, p) } else { matches!(heap::small_slot(d, p), Some((_, false))) };
                 if !live {
                     report::bad_free(call, p, BadFree::NotABlock, size, Some((*d).class as usize));
                     return None;

@@ -135,7 +135,7 @@ pub(crate) struct Medium {
 
 #[inline]
 fn tag_of(c: *const Chunk) -> u64 {
-    (c as u64) ^ (arena::free_tag() as u64).rotate_left(17)
+    (c as u64) ^ (arena::flight_tag() as u64).rotate_left(17)
 }
 
 /// Bin of a free payload of `q` bytes (the largest class that fits), or None.

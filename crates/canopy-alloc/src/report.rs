@@ -129,18 +129,17 @@ fn finish(b: &mut Buf, n: usize, outcome: &str) {
     }
 }
 
-/// Report a double free found when the block came up for reuse (the default
-/// mode's free path does not read the block; see `arena::Block`).
+/// Report a node of a heap's inbox of remote frees that is not a block in
+/// flight to that heap: a double free raced with the remote free, or the
+/// block was reused meanwhile, so the inbox from that node on is given up
+/// (see `Heap::inbox_broken`).
 #[cold]
-pub(crate) fn bad_free_found(call: &str, p: *const u8, block_size: usize, class: usize) {
+pub(crate) fn bad_inbox_node(p: *const u8) {
     let n = REPORTED.fetch_add(1, Ordering::Relaxed);
     let mut b = Buf::new();
-    b.str("canopy: ").str(call).str("(").hex(p as usize).str("): double free of a block");
-    if block_size != 0 {
-        b.str(" (block of ").dec(block_size).str(" bytes, class ").dec(class).str(")");
-    }
-    b.str(", found when the block came up for reuse");
-    finish(&mut b, n, "; its slab is retired so no block is handed out twice\n");
+    b.str("canopy: free(").hex(p as usize).str("): a remote free reached the owning thread as something other than a block in flight to it (a double free racing with the remote free, or a block reused meanwhile)");
+    finish(&mut b, n, "; the owner's inbox is given up and its memory kept
+");
 }
 
 #[cfg(test)]

@@ -81,27 +81,28 @@ impl SlotShape {
     /// the shape is [`EMPTY`](Self::EMPTY).
     #[inline(always)]
     pub fn locate(&self, off: usize) -> Option<usize> {
-        let (idx, start) = split(self.magic, off);
-        if start && idx < self.slots as usize {
-            Some(idx)
-        } else {
-            None
-        }
+        locate(self.magic, self.slots, off)
     }
 
     /// Set the bits of every slot of a fresh slab (`words` holds exactly
     /// [`words`](Self::words) words or more; words past the slots are cleared).
     pub fn fill(&self, words: &mut [u64]) {
-        let n = self.slots as usize;
         for (w, x) in words.iter_mut().enumerate() {
-            let lo = w * 64;
-            *x = if n >= lo + 64 {
-                !0
-            } else if n > lo {
-                (1u64 << (n - lo)) - 1
-            } else {
-                0
-            };
+            *x = self.fresh_word(w);
+        }
+    }
+
+    /// Word `w` of a fresh slab's bitmap (every slot free; 0 past the slots).
+    #[inline]
+    pub const fn fresh_word(&self, w: usize) -> u64 {
+        let n = self.slots as usize;
+        let lo = w * 64;
+        if n >= lo + 64 {
+            !0
+        } else if n > lo {
+            (1u64 << (n - lo)) - 1
+        } else {
+            0
         }
     }
 
@@ -128,17 +129,47 @@ pub fn split(magic: u64, off: usize) -> (usize, bool) {
     ((m >> 64) as usize, (m as u64) < magic)
 }
 
+/// [`SlotShape::locate`] from the shape's `magic` and `slots` alone (what a
+/// pool keeps beside each slab).
+#[inline(always)]
+pub fn locate(magic: u64, slots: u32, off: usize) -> Option<usize> {
+    let (idx, start) = split(magic, off);
+    if start && idx < slots as usize {
+        Some(idx)
+    } else {
+        None
+    }
+}
+
+/// The lowest free slot of bitmap word `x`: `(x without it, its bit number)`,
+/// or `None` if `x` has no free slot.  (For pools that load and store their
+/// words themselves; [`take_lowest`] works on a word in place.)
+#[inline(always)]
+pub fn take_lowest_bits(x: u64) -> Option<(u64, u32)> {
+    if x == 0 {
+        return None;
+    }
+    Some((x & (x - 1), x.trailing_zeros()))
+}
+
+/// Word `x` with slot `bit` given back, or [`AlreadyFree`] if it is free
+/// already.  (The value form of [`release`].)
+#[inline(always)]
+pub fn release_bits(x: u64, bit: usize) -> Result<u64, AlreadyFree> {
+    let b = 1u64 << (bit % 64);
+    if x & b != 0 {
+        return Err(AlreadyFree);
+    }
+    Ok(x | b)
+}
+
 /// Take the lowest free slot of a bitmap word: its bit number and whether
 /// the word is now exhausted; `None` if the word has no free slot.
 #[inline(always)]
 pub fn take_lowest(word: &mut u64) -> Option<(u32, bool)> {
-    let x = *word;
-    if x == 0 {
-        return None;
-    }
-    let rest = x & (x - 1);
+    let (rest, bit) = take_lowest_bits(*word)?;
     *word = rest;
-    Some((x.trailing_zeros(), rest == 0))
+    Some((bit, rest == 0))
 }
 
 /// Give slot `bit` of a word back.  Returns the word's previous value, or
@@ -146,11 +177,7 @@ pub fn take_lowest(word: &mut u64) -> Option<(u32, bool)> {
 #[inline(always)]
 pub fn release(word: &mut u64, bit: usize) -> Result<u64, AlreadyFree> {
     let x = *word;
-    let b = 1u64 << (bit % 64);
-    if x & b != 0 {
-        return Err(AlreadyFree);
-    }
-    *word = x | b;
+    *word = release_bits(x, bit)?;
     Ok(x)
 }
 

@@ -95,8 +95,6 @@ pub struct Stats {
     pub solo_periods: u64,
     /// Bad frees seen (refused in the default mode).
     pub bad_frees: u64,
-    /// Slabs retired because a double free broke their free list.
-    pub poisoned_slabs: u64,
     /// Per size class.
     pub classes: [ClassStats; NUM_CLASSES],
 }
@@ -172,7 +170,6 @@ impl Default for Stats {
             unlocked_global_entries: 0,
             solo_periods: 0,
             bad_frees: 0,
-            poisoned_slabs: 0,
             classes: [ClassStats::default(); NUM_CLASSES],
         }
     }
@@ -203,7 +200,6 @@ pub fn snapshot() -> Stats {
         s.remote_batches += k(2);
         s.remote_frees_received += k(3);
         s.coalescings += k(4);
-        s.poisoned_slabs += k(9);
         let _ = h.tid == DEAD_TID;
     });
     let direct = crate::heap::DIRECT_REMOTE_FREES.load(Ordering::Relaxed);
@@ -241,7 +237,7 @@ pub fn snapshot() -> Stats {
 }
 
 impl Stats {
-    fn rows(&self) -> [(&'static str, u64); 27] {
+    fn rows(&self) -> [(&'static str, u64); 26] {
         [
             ("reserved_bytes", self.reserved_bytes),
             ("committed_bytes", self.committed_bytes),
@@ -269,7 +265,6 @@ impl Stats {
             ("unlocked_global_entries", self.unlocked_global_entries),
             ("solo_periods", self.solo_periods),
             ("bad_frees", self.bad_frees),
-            ("poisoned_slabs", self.poisoned_slabs),
         ]
     }
 

@@ -755,30 +755,17 @@ fn large_realloc_grows_and_shrinks_in_place() {
 }
 
 #[test]
-fn block_start_test_is_exact() {
-    // Every small class, every offset in a unit, every carved count: the
-    // one-multiply test agrees with `off % size == 0 && off < carved`.
+fn slot_location_is_exact_for_every_class_and_offset() {
+    // The free path's one-multiply test (`slab::locate` with the slab's
+    // `magic` and `slots`) agrees with `off % size == 0 && off / size < slots`
+    // for every small class and every offset in a unit.
     for c in 0..SMALL_CLASSES {
         let size = size_class::class_size(c);
-        let divc = arena::small_divc(size);
-        let cap = UNIT / size;
-        let step = (size as u32).wrapping_mul(divc);
-        assert!(step > 0 && step as usize <= size, "class {c}");
-        assert!(divc as usize > cap * step as usize, "class {c}");
-        for off in 0..UNIT as u32 {
-            let v = off.wrapping_mul(divc);
-            if off as usize % size == 0 {
-                assert_eq!(v, (off as usize / size) as u32 * step, "class {c} off {off}");
-            } else {
-                assert!(v >= divc, "class {c} off {off}: a non-block offset would pass");
-            }
-        }
-        for carved in [0, 1, 2, cap / 2, cap - 1, cap] {
-            let limit = arena::small_limit(size, carved * size);
-            for off in (0..UNIT as u32).step_by(16).chain([1, 8, size as u32 - 1, (carved * size) as u32]) {
-                let want = off as usize % size == 0 && (off as usize) < carved * size;
-                assert_eq!(arena::is_block_start(off, divc, limit), want, "class {c} carved {carved} off {off}");
-            }
+        let shape = heap::SHAPES[c];
+        assert_eq!((shape.size as usize, shape.slots as usize), (size, UNIT / size), "class {c}");
+        for off in 0..UNIT {
+            let want = (off % size == 0 && off / size < UNIT / size).then_some(off / size);
+            assert_eq!(crate::slab::locate(shape.magic, shape.slots, off), want, "class {c} off {off}");
         }
     }
 }
@@ -797,7 +784,8 @@ fn full_slabs_take_the_slow_path_and_come_back() {
     check_invariants().unwrap();
     // An interior pointer into a full slab is refused.
     unsafe { free(v[0].add(16)) };
-    // A pointer past the carved part of the current slab is refused.
+    // A free slot of the current slab (above the blocks taken so far) is
+    // refused: its bit says it is free.
     let p = alloc(size);
     let off = p as usize & (UNIT - 1);
     if off + 2 * size < UNIT {
@@ -808,21 +796,14 @@ fn full_slabs_take_the_slow_path_and_come_back() {
     assert_eq!(report::bad_frees() - before, 2);
     check_invariants().unwrap();
     // The first free into a full slab takes the slow path and makes it
-    // available again; a second free of the same block (on the fast path now)
-    // is found when the block comes up for reuse.
+    // available again; a second free of the same block (on the fast path
+    // now) finds its bit set and is refused.
     unsafe { free(v[1]) };
     check_invariants().unwrap();
-    // (Under check-full the invariant walk of the slow path finds the broken
-    // free list of the available slab first and aborts, as it should.)
-    let again = if cfg!(feature = "check-full") {
-        Vec::new()
-    } else {
-        unsafe { free(v[1]) };
-        let again = assert_distinct("after a double free into a full slab", size, 64);
-        assert_eq!(report::bad_frees() - before, 3);
-        check_invariants().unwrap();
-        again
-    };
+    unsafe { free(v[1]) };
+    assert_eq!(report::bad_frees() - before, 3);
+    let again = assert_distinct("after a double free into a full slab", size, 64);
+    check_invariants().unwrap();
     unsafe { free(p) };
     for &x in v.iter().skip(2).chain(&again) {
         unsafe { free(x) };
