@@ -3,10 +3,23 @@
 //! metadata (slab table, bitmaps, lists, the region tree) lives in ordinary
 //! heap memory of the process, never inside the slabs, so a region's memory
 //! is only data and can be described as (address, length) runs.
+//!
+//! The slab is [`canopy_alloc::slab`], the same implementation the
+//! allocator's small-object slabs use: a slot size's geometry
+//! ([`SlotShape`]: slots per slab, the multiplier that locates a slot from
+//! an offset) and the bitmap operations (fill a fresh slab, take the lowest
+//! free slot, release a slot exactly once, count free slots).  The region
+//! layer has no slot or bitmap arithmetic of its own; it keeps its own lists
+//! (per region: partial slabs per slot size with an allocation cursor, full,
+//! empty up to the watermarks, spans) and its bitmap vector (`bits`: `wps`
+//! words per slab, enough for the smallest slot; a shape with fewer words
+//! leaves the rest 0).
 
 use core::fmt;
 use core::num::NonZeroU64;
 use core::ptr::NonNull;
+
+use canopy_alloc::slab::{self, SlotShape};
 
 use crate::config::Config;
 use crate::pagemap::PageMap;
@@ -138,22 +151,6 @@ pub(crate) struct SizeList {
 
 impl SizeList {
     const EMPTY: SizeList = SizeList { base: 0, word: NO_WORD, head: NIL };
-}
-
-/// What the free fast path needs to know about a slot size, in one entry.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct ClassInfo {
-    /// ceil(2^64 / slot size): for an offset `off` < 2^32 in a slab, the
-    /// high half of `off * magic` is `off / size`, and the low half is below
-    /// `magic` exactly when `size` divides `off` (Lemire, Kaser and Kurz,
-    /// "Faster remainder by direct computation", 2019).  0 for class 0.
-    pub(crate) magic: u64,
-    /// A slab's last bitmap word when all its slots are free.
-    pub(crate) last_full: u64,
-    /// Slots per slab.
-    pub(crate) slots: u32,
-    /// The slot size in bytes (0 for class 0).
-    pub(crate) size: u32,
 }
 
 /// One region: its place in the tree and its slab pool.
@@ -311,10 +308,10 @@ pub struct RegionAllocator {
     /// request's 16 B multiple decides): one load instead of the
     /// computation of `class_raw` on the allocation fast path.
     by16: Box<[SlotOf]>,
-    /// Slots per slab for each class (index: class, see `tiny`).
-    pub(crate) slots: Box<[u32]>,
-    /// What the free fast path needs per class (index: class).
-    pub(crate) cls: Box<[ClassInfo]>,
+    /// The slab geometry of each class (index: class, see `tiny`; class 0
+    /// is `SlotShape::EMPTY`, whose magic 0 sends every slab that is not a
+    /// slab of slots to the slow path of `free`).
+    pub(crate) shapes: Box<[SlotShape]>,
     pub(crate) pages: Vec<usize>,
     free_pages: Vec<u32>,
     chunks: Vec<(usize, usize)>,
@@ -381,22 +378,10 @@ impl RegionAllocator {
         let tiny = cfg.granule / cfg.min_slot - 1;
         let classes = tiny + cfg.slab_size / cfg.granule + 1;
         let size_of = |c: usize| if c <= tiny { c * cfg.min_slot } else { (c - tiny) * cfg.granule };
-        let slots: Box<[u32]> =
-            (0..classes).map(|c| if c == 0 { 0 } else { (cfg.slab_size / size_of(c)) as u32 }).collect();
-        let cls: Box<[ClassInfo]> = (0..classes)
-            .map(|c| {
-                if c == 0 {
-                    return ClassInfo::default();
-                }
-                let n = slots[c] as usize;
-                let tail = n - (n - 1) / 64 * 64;
-                ClassInfo {
-                    magic: u64::MAX / size_of(c) as u64 + 1,
-                    last_full: if tail == 64 { !0 } else { (1u64 << tail) - 1 },
-                    slots: n as u32,
-                    size: size_of(c) as u32,
-                }
-            })
+        // Slot sizes are 16 B to the slab size, and slabs at most 1 MiB
+        // (`Config::validate`), as `SlotShape::new` requires.
+        let shapes: Box<[SlotShape]> = (0..classes)
+            .map(|c| if c == 0 { SlotShape::EMPTY } else { SlotShape::new(size_of(c), cfg.slab_size) })
             .collect();
         let class_raw = |size: usize| {
             if size < cfg.granule {
@@ -423,8 +408,7 @@ impl RegionAllocator {
             min_shift: cfg.min_slot.trailing_zeros(),
             tiny,
             by16,
-            slots,
-            cls,
+            shapes,
             pages: Vec::new(),
             free_pages: Vec::new(),
             chunks: Vec::new(),
@@ -489,15 +473,26 @@ impl RegionAllocator {
         1 + sid as usize * self.wps + w
     }
 
+    /// The `wps` bitmap words of slab `sid` (words past its shape's are 0).
+    pub(crate) fn bitmap(&self, sid: u32) -> &[u64] {
+        let i = self.word_index(sid, 0);
+        &self.bits[i..i + self.wps]
+    }
+
+    /// [`bitmap`](Self::bitmap), to change.
+    pub(crate) fn bitmap_mut(&mut self, sid: u32) -> &mut [u64] {
+        let i = self.word_index(sid, 0);
+        &mut self.bits[i..i + self.wps]
+    }
+
     /// Free slots of slab `sid` (a slab of slots), from its bitmap.
     pub(crate) fn free_count(&self, sid: u32) -> u32 {
-        let i = self.word_index(sid, 0);
-        self.bits[i..i + self.wps].iter().map(|w| w.count_ones()).sum()
+        slab::count_free(self.bitmap(sid))
     }
 
     /// Live objects in slab `sid` (a slab of slots).
     pub(crate) fn live_count(&self, sid: u32) -> u32 {
-        self.slots[self.slabs[sid as usize].class as usize] - self.free_count(sid)
+        self.shapes[self.slabs[sid as usize].class as usize].slots - self.free_count(sid)
     }
 
     /// The class of a request of `size` bytes (`size <= slab size`; 0
@@ -517,7 +512,7 @@ impl RegionAllocator {
     }
 
     pub(crate) fn slot_size(&self, class: u16) -> usize {
-        self.cls[class as usize].size as usize
+        self.shapes[class as usize].size as usize
     }
 
     /// The slot a request of `size` bytes gets: its size in bytes, or
@@ -554,7 +549,7 @@ impl RegionAllocator {
                 if self.regions.len() >= u32::MAX as usize - 1 {
                     return Err(RegionError::OutOfMemory { size: 0, region: parent });
                 }
-                self.regions.push(Region::new(self.slots.len()));
+                self.regions.push(Region::new(self.shapes.len()));
                 self.regions.len() - 1
             }
         };
@@ -567,7 +562,7 @@ impl RegionAllocator {
     pub(crate) fn attach(&mut self, slot: usize, p: usize, level_hint: i32) {
         let depth = self.regions[p].depth + 1;
         let old_first = self.regions[p].first_child;
-        let classes = self.slots.len();
+        let classes = self.shapes.len();
         {
             let r = &mut self.regions[slot];
             if r.sizes.len() != classes {
@@ -785,7 +780,7 @@ impl RegionAllocator {
         let &SlotOf { class, size: slot } = self.by16.get(size.wrapping_add(15) >> 4)?;
         debug_assert!(s < self.regions.len() && self.regions[s].alive, "take_slot on a dead region slot {s}");
         let (class, slot) = (class as usize, slot as usize);
-        debug_assert!(size == 0 || size > usize::MAX - 15 || (class, slot) == (self.class_raw(size), self.cls[self.class_raw(size)].size as usize));
+        debug_assert!(size == 0 || size > usize::MAX - 15 || (class, slot) == (self.class_raw(size), self.slot_size(self.class_raw(size) as u16)));
         // SAFETY: callers pass the slot of a live region (`alloc` checked
         // its key; an `InRegion` borrows the allocator, so its region stays
         // alive); class < classes = sizes.len() (by16 holds classes).
@@ -793,15 +788,10 @@ impl RegionAllocator {
         // SAFETY: a cursor is NO_WORD (index 0) or a word of a slab in the
         // table (`SizeList` invariant); `bits` holds both.
         let word = unsafe { &mut *self.bits.as_mut_ptr().add(l.word as usize) };
-        let x = *word;
-        if x == 0 {
-            return None;
-        }
-        let rest = x & (x - 1);
-        *word = rest;
+        let (bit, exhausted) = slab::take_lowest(word)?;
         self.stats.allocs += 1;
-        let addr = l.base + x.trailing_zeros() as usize * slot;
-        if rest == 0 {
+        let addr = l.base + bit as usize * slot;
+        if exhausted {
             self.cursor_exhausted(s, class);
         }
         // SAFETY: slot addresses are inside pages from the source, never 0.
@@ -849,7 +839,7 @@ impl RegionAllocator {
     /// the cursor on the head of the partial list (taking a new slab if the
     /// list is empty) and take a slot from it.
     fn alloc_small(&mut self, ri: usize, class: usize) -> Result<usize, RegionError> {
-        debug_assert!(class > 0 && class < self.slots.len());
+        debug_assert!(class > 0 && class < self.shapes.len());
         let mut sid = self.regions[ri].sizes[class].head;
         if sid == NIL {
             sid = self.new_partial(ri, class)?;
@@ -860,14 +850,13 @@ impl RegionAllocator {
                 && self.slabs[sid as usize].class as usize == class,
             "partial list of region slot {ri} class {class} holds a wrong slab"
         );
-        let found = self.set_cursor(ri, class, sid);
-        debug_assert!(found, "a partial slab has a free slot");
+        // Without a free slot the cursor is NO_WORD, whose word is 0.
+        self.set_cursor(ri, class, sid);
         let l = self.regions[ri].sizes[class];
-        let x = self.bits[l.word as usize];
-        let rest = x & x.wrapping_sub(1);
-        self.bits[l.word as usize] = rest;
-        let addr = l.base + x.trailing_zeros() as usize * self.slot_size(class as u16);
-        if rest == 0 {
+        let (bit, exhausted) =
+            slab::take_lowest(&mut self.bits[l.word as usize]).expect("a partial slab has a free slot");
+        let addr = l.base + bit as usize * self.slot_size(class as u16);
+        if exhausted {
             self.cursor_exhausted(ri, class);
         }
         Ok(addr)
@@ -878,7 +867,7 @@ impl RegionAllocator {
     /// cursor `NO_WORD`, if the slab has none.
     fn set_cursor(&mut self, ri: usize, class: usize, sid: u32) -> bool {
         let first = self.word_index(sid, 0);
-        let w = self.bits[first..first + self.wps].iter().position(|&x| x != 0);
+        let w = slab::first_free_word(self.bitmap(sid));
         let addr = self.slabs[sid as usize].addr;
         let size = self.slot_size(class as u16);
         let l = &mut self.regions[ri].sizes[class];
@@ -965,18 +954,9 @@ impl RegionAllocator {
             }
             first
         };
-        let n = self.slots[class] as usize;
-        let base = self.word_index(sid, 0);
-        for w in 0..self.wps {
-            let lo = w * 64;
-            self.bits[base + w] = if n >= lo + 64 {
-                !0
-            } else if n > lo {
-                (1u64 << (n - lo)) - 1
-            } else {
-                0
-            };
-        }
+        // Every slot free, and the slab's words past them 0.
+        let shape = self.shapes[class];
+        shape.fill(self.bitmap_mut(sid));
         let s = &mut self.slabs[sid as usize];
         s.state = state::PARTIAL;
         s.class = class as u16;
@@ -1163,39 +1143,36 @@ impl RegionAllocator {
         // `pages.len() * spp` entries.
         let s = unsafe { &*self.slabs.as_ptr().add(sid as usize) };
         // A slab of slots has a class in 1..classes; every other slab has
-        // class 0, whose `magic` is 0, so the test below sends it to
-        // `free_slow` without a look at its state.
-        // SAFETY: classes are < cls.len() (the slot sizes of a slab).
-        let ci = unsafe { *self.cls.get_unchecked(s.class as usize) };
-        {
-            // The slot index and whether `a` starts it, without a division:
-            // off < slab size <= 1 MiB, so `ClassInfo::magic` is exact.
-            let off = (a - s.addr) as u64;
-            let m = off as u128 * ci.magic as u128;
-            let idx = (m >> 64) as usize;
-            debug_assert!(
-                s.class == 0
-                    || (idx, m as u64 >= ci.magic)
-                        == (off as usize / self.slot_size(s.class), off as usize % self.slot_size(s.class) != 0)
-            );
-            if (m as u64) < ci.magic && idx < ci.slots as usize {
-                let i = self.word_index(sid, idx / 64);
-                // SAFETY: idx < slots <= 64 * wps, so the word is the slab's own.
-                let word = unsafe { &mut *self.bits.as_mut_ptr().add(i) };
-                let bit = 1u64 << (idx % 64);
-                let x = *word;
-                if x & bit == 0 {
-                    let now = x | bit;
-                    *word = now;
-                    self.stats.frees += 1;
-                    // A word that had no free slot may be a full slab's
-                    // (it turns partial); a word with every slot free may
-                    // be an empty slab's.
-                    if x == 0 || now == !0 || now == ci.last_full {
-                        self.slab_may_move(sid);
-                    }
-                    return Ok(());
+        // class 0, whose shape is `SlotShape::EMPTY`: its magic 0 makes
+        // `start` false, so the test below sends it to `free_slow` without
+        // a look at its state.
+        // SAFETY: classes are < shapes.len() (the slot sizes of a slab).
+        let shape = unsafe { self.shapes.get_unchecked(s.class as usize) };
+        // The slot `a` starts, without a division: off < slab size <= 1 MiB
+        // (within `slab::MAX_SLAB`), so the shape's multiplier is exact.
+        // This is `SlotShape::locate` with its two tests kept as branches:
+        // as one `Option` they compile to a flag and a test more, and the
+        // shape borrowed (not copied) saves a register.
+        let off = a - s.addr;
+        let (idx, start) = slab::split(shape.magic, off);
+        debug_assert!(
+            s.class == 0
+                || (idx, start) == (off / shape.size as usize, off % shape.size as usize == 0)
+        );
+        if start && idx < shape.slots as usize {
+            let i = self.word_index(sid, idx / 64);
+            // SAFETY: idx < slots <= 64 * wps, so the word is the slab's own.
+            let word = unsafe { &mut *self.bits.as_mut_ptr().add(i) };
+            if let Ok(x) = slab::release(word, idx) {
+                let now = *word;
+                self.stats.frees += 1;
+                // A word that had no free slot may be a full slab's (it
+                // turns partial); a word with every slot free may be an
+                // empty slab's.
+                if x == 0 || shape.may_be_empty(now) {
+                    self.slab_may_move(sid);
                 }
+                return Ok(());
             }
         }
         self.free_slow(sid, a)
@@ -1229,20 +1206,19 @@ impl RegionAllocator {
 
     /// Check that `a` starts a live slot of small slab `s`; return its index.
     fn small_index(&self, sid: u32, s: Slab, a: usize) -> Result<usize, RegionError> {
-        let size = self.slot_size(s.class);
-        let off = a - s.addr;
-        let idx = off / size;
-        if idx >= self.slots[s.class as usize] as usize {
+        let shape = self.shapes[s.class as usize];
+        let size = shape.size as usize;
+        let (idx, start) = slab::split(shape.magic, a - s.addr);
+        if idx >= shape.slots as usize {
             return Err(RegionError::Invalid(format!(
                 "{a:#x} is in the unused tail of a slab of {size} B slots in region {}, past its last slot",
                 self.rid(s.region)
             )));
         }
-        let word = self.bits[self.word_index(sid, idx / 64)];
-        if word & (1 << (idx % 64)) != 0 {
+        if slab::is_free(self.bits[self.word_index(sid, idx / 64)], idx) {
             return Err(RegionError::NotAllocated { ptr: a, region: self.rid(s.region) });
         }
-        if off != idx * size {
+        if !start {
             return Err(RegionError::Interior { ptr: a, object: s.addr + idx * size, region: self.rid(s.region) });
         }
         Ok(idx)
@@ -1255,7 +1231,7 @@ impl RegionAllocator {
     fn slab_may_move(&mut self, sid: u32) {
         let s = self.slabs[sid as usize];
         let (ri, class) = (s.region as usize, s.class as usize);
-        let empty = self.free_count(sid) == self.slots[class];
+        let empty = self.shapes[class].is_all_free(self.bitmap(sid));
         debug_assert!(s.state == state::PARTIAL || s.state == state::FULL);
         if s.state == state::FULL {
             let r = &mut self.regions[ri];
@@ -1446,27 +1422,28 @@ impl RegionAllocator {
     /// `n` slots of `class` for region `ri`: whole bitmap words at a time,
     /// one slab after another, without looking the region up per object.
     fn balloc_small(&mut self, ri: usize, class: usize, n: usize, out: &mut Vec<NonNull<u8>>) -> Result<(), RegionError> {
-        let size = self.slot_size(class as u16);
+        let shape = self.shapes[class];
+        let size = shape.size as usize;
         let mut left = n;
         while left > 0 {
             let mut sid = self.regions[ri].sizes[class].head;
             if sid == NIL {
                 sid = self.new_partial(ri, class)?;
             }
-            let base = self.word_index(sid, 0);
             let addr = self.slabs[sid as usize].addr;
-            let mut w = 0;
-            while left > 0 && w < self.wps {
-                let mut x = self.bits[base + w];
-                while x != 0 && left > 0 {
-                    let idx = w * 64 + x.trailing_zeros() as usize;
-                    x &= x - 1;
+            // The slab's words past its shape's are 0: no slot to take there.
+            let words = &mut self.bitmap_mut(sid)[..shape.words as usize];
+            for (w, word) in words.iter_mut().enumerate() {
+                while left > 0 {
+                    let Some((bit, _)) = slab::take_lowest(word) else { break };
+                    let idx = w * 64 + bit as usize;
                     // SAFETY: slot addresses are inside a mapped slab, never 0.
                     out.push(unsafe { NonNull::new_unchecked((addr + idx * size) as *mut u8) });
                     left -= 1;
                 }
-                self.bits[base + w] = x;
-                w += 1;
+                if left == 0 {
+                    break;
+                }
             }
             // The cursor may point at a word just emptied: set it again.
             if !self.set_cursor(ri, class, sid) {
@@ -1567,6 +1544,8 @@ impl RegionAllocator {
             return Err("the bitmap has the wrong length, or its always-zero word is not 0".into());
         }
         let mut seen = vec![false; self.slabs.len()];
+        // A slab's bitmap with every slot free (`SlotShape::fill`).
+        let mut all_free = vec![0u64; self.wps];
         for (si, r) in self.regions.iter().enumerate() {
             if !r.alive {
                 if r.sizes.iter().any(|l| l.head != NIL || l.word != NO_WORD) || r.full != NIL || r.empty != NIL || r.spans != NIL {
@@ -1601,15 +1580,11 @@ impl RegionAllocator {
                                 return Err(format!("slab {:#x} of class {c} on another class's list", s.addr));
                             }
                             let free = self.free_count(x);
-                            let n = self.slots[c] as usize;
-                            let i = self.word_index(x, 0);
-                            let stray = (0..self.wps).any(|w| {
-                                let lo = w * 64;
-                                let mask = if n >= lo + 64 { !0 } else if n > lo { (1u64 << (n - lo)) - 1 } else { 0 };
-                                self.bits[i + w] & !mask != 0
-                            });
-                            if stray || free >= self.slots[c] || (want == state::FULL) != (free == 0) || s.span != 0 {
-                                return Err(format!("slab {:#x} ({}): {free} of {} slots free", s.addr, if want == state::FULL { "full" } else { "partial" }, self.slots[c]));
+                            let shape = self.shapes[c];
+                            shape.fill(&mut all_free);
+                            let stray = self.bitmap(x).iter().zip(&all_free).any(|(&b, &m)| b & !m != 0);
+                            if stray || free >= shape.slots || (want == state::FULL) != (free == 0) || s.span != 0 {
+                                return Err(format!("slab {:#x} ({}): {free} of {} slots free", s.addr, if want == state::FULL { "full" } else { "partial" }, shape.slots));
                             }
                             if want == state::PARTIAL { np += 1 } else { nf += 1 }
                         }

@@ -10,6 +10,8 @@
 
 use std::collections::BTreeSet;
 
+use canopy_alloc::slab;
+
 use crate::allocator::{push, state, RegionAllocator, NIL};
 use crate::{RegionError, RegionId};
 
@@ -387,16 +389,15 @@ impl RegionAllocator {
                     slabs.push(PackedSlab::Span { addr: sl.addr, region: id, slabs: sl.span });
                 } else {
                     v.push((sl.addr, 1 << self.slab_shift));
-                    let n = self.slots[sl.class as usize] as usize;
                     // As many words as the slab's slots need (a slab of
-                    // 64 B slots one, of 16 B slots four).
-                    let allocated = (0..n.div_ceil(64))
-                        .map(|w| {
-                            let lo = w * 64;
-                            let mask = if n >= lo + 64 { !0 } else if n > lo { (1u64 << (n - lo)) - 1 } else { 0 };
-                            !self.bits[self.word_index(x, w)] & mask
-                        })
-                        .collect();
+                    // 64 B slots one, of 16 B slots four): every slot, less
+                    // the free ones.
+                    let shape = self.shapes[sl.class as usize];
+                    let mut allocated = vec![0u64; shape.words as usize];
+                    shape.fill(&mut allocated);
+                    for (a, &free) in allocated.iter_mut().zip(self.bitmap(x)) {
+                        *a &= !free;
+                    }
                     slabs.push(PackedSlab::Slots {
                         addr: sl.addr,
                         region: id,
@@ -476,17 +477,15 @@ impl RegionAllocator {
             match s {
                 PackedSlab::Slots { slot_size, allocated, .. } => {
                     let class = self.class_of(*slot_size as usize) as u16;
-                    let n = self.slots[class as usize] as usize;
-                    let mut live = 0;
-                    for w in 0..self.wps {
-                        let lo = w * 64;
-                        let mask = if n >= lo + 64 { !0 } else if n > lo { (1u64 << (n - lo)) - 1 } else { 0 };
-                        let a = allocated.get(w).copied().unwrap_or(0) & mask;
-                        live += a.count_ones();
-                        let i = self.word_index(sid as u32, w);
-                        self.bits[i] = !a & mask;
+                    // Every slot free (the words past them 0), less the
+                    // allocated ones (validated: none past the slots).
+                    let shape = self.shapes[class as usize];
+                    let words = self.bitmap_mut(sid as u32);
+                    shape.fill(words);
+                    for (x, &a) in words.iter_mut().zip(allocated) {
+                        *x &= !a;
                     }
-                    let full = live as usize == n;
+                    let full = slab::count_free(words) == 0;
                     let sl = &mut self.slabs[sid];
                     sl.region = ri as u32;
                     sl.class = class;
@@ -624,18 +623,16 @@ impl RegionAllocator {
                         self.cfg.min_slot, self.cfg.granule, self.cfg.granule, self.cfg.slab_size
                     ));
                 }
-                let slots = self.cfg.slab_size / sz;
+                let shape = self.shapes[self.class_of(sz)];
                 let live: u32 = allocated.iter().map(|w| w.count_ones()).sum();
-                let beyond = allocated.iter().enumerate().any(|(w, &x)| {
-                    let lo = w * 64;
-                    let mask = if slots >= lo + 64 { !0 } else if slots > lo { (1u64 << (slots - lo)) - 1 } else { 0 };
-                    x & !mask != 0
-                });
+                let mut all = vec![0u64; allocated.len()];
+                shape.fill(&mut all);
+                let beyond = allocated.iter().zip(&all).any(|(&x, &m)| x & !m != 0);
                 // The sender's bitmaps have as many words as its smallest
                 // slot needs, which may be more than this allocator's: the
                 // words past the slab's slots must be 0, not absent.
                 if live == 0 || beyond {
-                    return bad(format!("slab {a:#x}: allocation bitmap is empty or marks slots beyond the {slots} it has"));
+                    return bad(format!("slab {a:#x}: allocation bitmap is empty or marks slots beyond the {} it has", shape.slots));
                 }
             }
             // Memory: each slab either free here or in a page this allocator lacks.
