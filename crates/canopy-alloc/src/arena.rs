@@ -106,8 +106,8 @@ pub struct Block {
 /// a block of the unit is live.
 #[repr(C, align(64))]
 pub struct Desc {
-    /// SMALL: the slot multiplier of its class ([`crate::slab::SlotShape::magic`]).
-    pub magic: u64,
+    /// Unused by every kind (keeps the descriptor at 64 bytes, one line).
+    pub spare: u64,
     /// SMALL: id of the owning thread while the free fast path may push onto
     /// this slab (current or available); 0 otherwise (see the module invariants).
     pub owner: AtomicUsize,
@@ -123,8 +123,9 @@ pub struct Desc {
     pub flags: u8,
     /// First unit of a heap page: how many of its units are `HEAP_FREE`.
     pub page_free: u8,
-    /// SMALL: slots in the slab.
-    pub slots: u32,
+    /// SMALL: the multiplier of the slot test ([`crate::slab::small_test`]).
+    pub divc: u32,
+    /// SMALL: the bound of the slot test ([`crate::slab::small_test`]).
     /// FREE_SPAN, FREE_BODY: the unit's clean mark (see
     /// `GlobalState::free_span`).
     pub limit: u32,
@@ -154,14 +155,14 @@ impl Desc {
     /// An unused descriptor.
     pub const fn new() -> Desc {
         Desc {
-            magic: 0,
+            spare: 0,
             owner: AtomicUsize::new(0),
             used: 0,
             kind: kind::NONE,
             class: 0,
             flags: 0,
             page_free: 0,
-            slots: 0,
+            divc: 0,
             limit: 0,
             heap: AtomicPtr::new(ptr::null_mut()),
             next: ptr::null_mut(),
@@ -184,6 +185,7 @@ pub const BITMAP_STRIDE: usize = UNIT / 16 / 8;
 pub const BITMAP_OFFSET: usize = (2 << 30) - BITMAP_SKEW;
 const BITMAP_SKEW: usize = 256;
 const _: () = assert!(MAX_UNITS * BITMAP_STRIDE + BITMAP_SKEW <= (1 << 30) + TABLE_SKEW);
+const _: () = assert!(BITMAP_STRIDE == 64 * 8); // the free fast path indexes words as `idx * 64 + w`
 
 /// Base address of the arena (0 until initialised).
 pub(crate) static ARENA_BASE: AtomicUsize = AtomicUsize::new(0);

@@ -40,10 +40,10 @@ fn slot(d: *const Desc, p: *const u8) -> Option<usize> {
     if off >= UNIT {
         return None;
     }
-    // SAFETY: d is a SMALL descriptor; its multiplier and slot count are
-    // stable while a block of the slab may be live.
-    let (magic, slots) = unsafe { ((*d).magic, (*d).slots) };
-    crate::slab::locate(magic, slots, off)?;
+    // SAFETY: d is a SMALL descriptor; its slot test is stable while a
+    // block of the slab may be live.
+    let (divc, limit) = unsafe { ((*d).divc, (*d).limit) };
+    crate::slab::locate_small(divc, limit, off as u32)?;
     Some(off / 16)
 }
 

@@ -14,12 +14,12 @@
 //! - `free` by the owner thread: set the slot's bit (a bit already set is a
 //!   double free, caught exactly).
 //!
-//! Slow path (`alloc_small_slow`): move the cursor to the lowest word of the
-//! current slab with a free slot (so a slab fills upwards, and untouched
-//! memory at its top is never committed early), else drain the inbox of
-//! remote frees and send the outgoing remote batches, else take a slab with
-//! free slots of that class, else a fresh slab from the heap's free units,
-//! else a new page from the global heap.
+//! Slow path (`alloc_small_slow`): drain the inbox of remote frees and send
+//! the outgoing remote batches, then move the cursor to the lowest word of
+//! the current slab with a free slot (so a slab fills upwards, and untouched
+//! memory at its top is never committed early), else take a slab with free
+//! slots of that class, else a fresh slab from the heap's free units, else a
+//! new page from the global heap.
 //!
 //! Frees by another thread are messages to the owner: the freeing thread
 //! batches them per destination heap in its [`RemoteCache`] and sends a batch
@@ -61,6 +61,17 @@ pub(crate) static SHAPES: [SlotShape; SMALL_CLASSES] = {
     let mut c = 0;
     while c < SMALL_CLASSES {
         a[c] = SlotShape::new(class_size(c), UNIT);
+        c += 1;
+    }
+    a
+};
+
+/// The free path's slot test of each small class (see [`slab::small_test`]).
+pub(crate) static SMALL_TESTS: [(u32, u32); SMALL_CLASSES] = {
+    let mut a = [(0, 0); SMALL_CLASSES];
+    let mut c = 0;
+    while c < SMALL_CLASSES {
+        a[c] = slab::small_test(SHAPES[c].size as usize, SHAPES[c].slots as usize);
         c += 1;
     }
     a
@@ -357,17 +368,12 @@ impl Heap {
     pub(crate) unsafe fn alloc_small_slow(&mut self, c: usize) -> *mut u8 {
         // SAFETY: owner thread (caller's contract) for everything below.
         unsafe {
-            // The cursor word is used up: another word of the current slab?
-            // (No housekeeping here: this happens every 64 blocks or less.)
+            // Take in the frees other threads sent (the blocks come back to
+            // their slabs' bitmaps), send ours; then the lowest word of the
+            // current slab with a free slot.
+            self.maintenance();
             let d = self.cur[c];
             if d != empty_desc() {
-                if let Some(p) = self.take_from(c, d) {
-                    return p;
-                }
-            }
-            self.maintenance();
-            if d != empty_desc() {
-                // The drain may have given blocks of it back.
                 if let Some(p) = self.take_from(c, d) {
                     return p;
                 }
@@ -473,8 +479,8 @@ impl Heap {
             (*d).used = 1;
             (*d).class = c as u8;
             (*d).flags = 0;
-            (*d).magic = shape.magic;
-            (*d).slots = shape.slots;
+            (*d).divc = SMALL_TESTS[c].0;
+            (*d).limit = SMALL_TESTS[c].1;
             (*d).b = shape.size;
             (*d).heap.store(self as *mut Heap, Ordering::Relaxed);
             (*d).kind = kind::SMALL;
@@ -561,7 +567,7 @@ impl Heap {
         // ours to write; the slot index is below `slots`, inside the bitmap.
         unsafe {
             let off = p as usize - arena::unit_addr(d) as usize;
-            let i = slab::locate((*d).magic, (*d).slots, off).ok_or(BadFree::NotABlock)?;
+            let i = slab::locate_small((*d).divc, (*d).limit, off as u32).ok_or(BadFree::NotABlock)?;
             let word = &*arena::bitmap(desc_index(d)).add(i / 64);
             let now = slab::release_bits(word.load(Ordering::Relaxed), i).map_err(|_| BadFree::DoubleFree)?;
             word.store(now, Ordering::Relaxed);
@@ -942,7 +948,7 @@ impl Heap {
                         if self.tid != 0 && (*s).owner.load(Ordering::Relaxed) != want {
                             return Err("slab owner is not the heap's thread (0 for full slabs and in check mode)");
                         }
-                        if (*s).used + free_slots(s) != (*s).slots {
+                        if (*s).used + free_slots(s) != SHAPES[c].slots {
                             return Err("used + free slots != slots");
                         }
                         s = (*s).next;
@@ -953,7 +959,7 @@ impl Heap {
                 // SAFETY: owner reading its own current slab.
                 unsafe {
                     // The current slab's `used` carries a bias of one.
-                    if (*d).used + free_slots(d) != (*d).slots + 1 {
+                    if (*d).used + free_slots(d) != SHAPES[c].slots + 1 {
                         return Err("current slab: used - 1 + free slots != slots");
                     }
                 }
@@ -1063,6 +1069,19 @@ unsafe fn free_slots(d: *const Desc) -> u32 {
     }
 }
 
+/// The slot of SMALL slab `d` that `p` starts, or `None`.
+///
+/// # Safety
+/// `d` is a SMALL descriptor and `p` lies in its unit.
+pub(crate) unsafe fn small_slot_start(d: *const Desc, p: *mut u8) -> Option<usize> {
+    // SAFETY: d is a valid SMALL descriptor (caller's contract); its slot
+    // test does not change while a block of it may be live.
+    unsafe {
+        let off = p as usize - arena::unit_addr(d) as usize;
+        slab::locate_small((*d).divc, (*d).limit, off as u32)
+    }
+}
+
 /// The slot of SMALL slab `d` that `p` starts, and whether it is free (a
 /// relaxed read of the owner's bitmap: from another thread, a hint); `None`
 /// if `p` starts no slot.
@@ -1070,12 +1089,12 @@ unsafe fn free_slots(d: *const Desc) -> u32 {
 /// # Safety
 /// `d` is a SMALL descriptor and `p` lies in its unit.
 pub(crate) unsafe fn small_slot(d: *const Desc, p: *mut u8) -> Option<(usize, bool)> {
-    // SAFETY: d is a valid SMALL descriptor (caller's contract): `magic` and
-    // `slots` do not change while a block of it may be live, and a slot
+    // SAFETY: d is a valid SMALL descriptor (caller's contract): `divc` and
+    // `limit` do not change while a block of it may be live, and a slot
     // index below `slots` is inside the unit's bitmap.
     unsafe {
         let off = p as usize - arena::unit_addr(d) as usize;
-        let i = slab::locate((*d).magic, (*d).slots, off)?;
+        let i = slab::locate_small((*d).divc, (*d).limit, off as u32)?;
         let x = (*arena::bitmap(desc_index(d)).add(i / 64)).load(Ordering::Relaxed);
         Some((i, slab::is_free(x, i)))
     }

@@ -476,19 +476,24 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
         // thread, the slab belongs to this thread's heap and only this thread
         // touches its free list and counters.
         unsafe {
-            let d = (base - arena::TABLE_OFFSET + idx * core::mem::size_of::<Desc>()) as *mut Desc;
+            // idx * 64 locates both the descriptor (64 bytes) and the
+            // slab's bitmap words (64 per unit).
+            let i64 = idx << 6;
+            const _: () = assert!(core::mem::size_of::<Desc>() == 64);
+            let d = (base - arena::TABLE_OFFSET + i64) as *mut Desc;
             if (*d).owner.load(canopy_sync::prim::Ordering::Relaxed) == canopy_sys::thread_id() {
                 // The arena base is unit-aligned: p's low bits are its
-                // offset in the unit; one multiplication gives its slot and
-                // whether it starts one (`slab::locate`).  A block marked in
-                // flight to this heap's inbox goes to the slow path, which
-                // refuses the double free (setting its bit would cross the
-                // inbox with the bitmap); so does a block whose bit is set,
-                // a double free.
-                let off = p as usize & (UNIT - 1);
-                if let Some(i) = slab::locate((*d).magic, (*d).slots, off) {
+                // offset in the unit; one multiplication and one compare give
+                // its slot and whether it starts one (`slab::small_test`).  A
+                // block marked in flight to this heap's inbox goes to the slow
+                // path, which refuses the double free (setting its bit would
+                // cross the inbox with the bitmap); so does a block whose bit
+                // is set, a double free.  The bitmap word's index in the
+                // table is `idx * 64 + i / 64` (BITMAP_STRIDE is 64 words).
+                let off = (p as usize & (UNIT - 1)) as u32;
+                if let Some(i) = slab::locate_small((*d).divc, (*d).limit, off) {
                     if (*(p as *mut Block)).tag != flight_tag() {
-                        let word = &*arena::bitmap_at(base, idx).add(i / 64);
+                        let word = &*((base - arena::BITMAP_OFFSET + (i64 + (i >> 6)) * 8) as *const core::sync::atomic::AtomicU64);
                         if let Ok(now) = slab::release_bits(word.load(core::sync::atomic::Ordering::Relaxed), i) {
                             word.store(now, core::sync::atomic::Ordering::Relaxed);
                             (*d).used -= 1;
@@ -636,23 +641,20 @@ unsafe fn free_small_slow(d: *mut Desc, p: *mut u8, call: &'static str) {
                 return;
             }
         } else {
-            // Free (its bit set: exact for the owner, a hint from another
-            // thread, whose double free the owner then catches exactly), or
-            // in flight to its owner.
-            match heap::small_slot(d, p) {
-                None => {
-                    report::bad_free(call, p, BadFree::NotABlock, size, class);
-                    return;
-                }
-                Some((_, true)) => {
-                    report::bad_free(call, p, BadFree::DoubleFree, size, class);
-                    return;
-                }
-                Some((_, false)) if (*(p as *mut Block)).tag == flight_tag() => {
-                    report::bad_free(call, p, BadFree::DoubleFree, size, class);
-                    return;
-                }
-                Some((_, false)) => {}
+            // A slot start not in flight to its owner.  Whether it is free
+            // is the owner's to say: exactly, from its bitmap, at once when
+            // the owner frees it (`free_small_local`), or when it takes the
+            // block in from its inbox (`free_owned`).  Another thread does
+            // not read the bitmap: the owner writes its words all the time,
+            // and the read would pull the line away from it on every
+            // remote free.
+            if heap::small_slot_start(d, p).is_none() {
+                report::bad_free(call, p, BadFree::NotABlock, size, class);
+                return;
+            }
+            if (*(p as *mut Block)).tag == flight_tag() {
+                report::bad_free(call, p, BadFree::DoubleFree, size, class);
+                return;
             }
         }
         let owner = (*d).heap.load(canopy_sync::prim::Ordering::Relaxed);

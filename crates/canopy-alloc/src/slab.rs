@@ -141,6 +141,34 @@ pub fn locate(magic: u64, slots: u32, off: usize) -> Option<usize> {
     }
 }
 
+/// For slabs of at most 64 KiB and slots of at most 8 KiB, the free fast
+/// path's test in one multiplication and one comparison: `(divc, limit)`
+/// for [`locate_small`].  `divc = floor(2^32 / size) + 1`; for an offset
+/// `off` below 2^16, the 64-bit product `off * divc` has the slot index in
+/// its high half (exact: 32 >= 16 + log2 of the size), and a low half of
+/// `k * step` when `off` is `k` slots (`step = size * divc - 2^32`, with
+/// `0 < step <= size`), but at least `divc` otherwise; `limit = slots * step`
+/// is at most `divc`, so `low half < limit` says both "starts a slot" and
+/// "below the last slot".
+pub const fn small_test(size: usize, slots: usize) -> (u32, u32) {
+    assert!(size >= 2 && size <= 1 << 13 && slots * size <= 1 << 16);
+    let divc = ((1u64 << 32) / size as u64 + 1) as u32;
+    let step = (size as u32).wrapping_mul(divc);
+    (divc, slots as u32 * step)
+}
+
+/// The slot that offset `off` (below 2^16) starts, from [`small_test`]'s
+/// `(divc, limit)`; `None` inside a slot or past the last.
+#[inline(always)]
+pub fn locate_small(divc: u32, limit: u32, off: u32) -> Option<usize> {
+    let m = off as u64 * divc as u64;
+    if (m as u32) < limit {
+        Some((m >> 32) as usize)
+    } else {
+        None
+    }
+}
+
 /// The lowest free slot of bitmap word `x`: `(x without it, its bit number)`,
 /// or `None` if `x` has no free slot.  (For pools that load and store their
 /// words themselves; [`take_lowest`] works on a word in place.)
@@ -156,11 +184,11 @@ pub fn take_lowest_bits(x: u64) -> Option<(u64, u32)> {
 /// already.  (The value form of [`release`].)
 #[inline(always)]
 pub fn release_bits(x: u64, bit: usize) -> Result<u64, AlreadyFree> {
-    let b = 1u64 << (bit % 64);
-    if x & b != 0 {
+    let now = x | 1u64 << (bit % 64);
+    if now == x {
         return Err(AlreadyFree);
     }
-    Ok(x | b)
+    Ok(now)
 }
 
 /// Take the lowest free slot of a bitmap word: its bit number and whether
@@ -210,6 +238,24 @@ mod tests {
             for off in 0..(1usize << 16) {
                 let want = (off % size == 0 && off / size < s.slots as usize).then_some(off / size);
                 assert_eq!(s.locate(off), want, "size {size} off {off}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_small_test_is_exact_for_every_offset() {
+        for size in (16..=8192).step_by(16).chain([2, 3, 7, 48, 100, 1000]) {
+            for slab in [1usize << 16, 4096, 12_345] {
+                if size > slab {
+                    continue;
+                }
+                let slots = slab / size;
+                let (divc, limit) = small_test(size, slots);
+                for off in 0..(1u32 << 16) {
+                    let o = off as usize;
+                    let want = (o % size == 0 && o / size < slots).then_some(o / size);
+                    assert_eq!(locate_small(divc, limit, off), want, "size {size} slab {slab} off {off}");
+                }
             }
         }
     }
