@@ -1069,19 +1069,6 @@ unsafe fn free_slots(d: *const Desc) -> u32 {
     }
 }
 
-/// The slot of SMALL slab `d` that `p` starts, or `None`.
-///
-/// # Safety
-/// `d` is a SMALL descriptor and `p` lies in its unit.
-pub(crate) unsafe fn small_slot_start(d: *const Desc, p: *mut u8) -> Option<usize> {
-    // SAFETY: d is a valid SMALL descriptor (caller's contract); its slot
-    // test does not change while a block of it may be live.
-    unsafe {
-        let off = p as usize - arena::unit_addr(d) as usize;
-        slab::locate_small((*d).divc, (*d).limit, off as u32)
-    }
-}
-
 /// The slot of SMALL slab `d` that `p` starts, and whether it is free (a
 /// relaxed read of the owner's bitmap: from another thread, a hint); `None`
 /// if `p` starts no slot.

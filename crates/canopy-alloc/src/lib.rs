@@ -641,20 +641,29 @@ unsafe fn free_small_slow(d: *mut Desc, p: *mut u8, call: &'static str) {
                 return;
             }
         } else {
-            // A slot start not in flight to its owner.  Whether it is free
-            // is the owner's to say: exactly, from its bitmap, at once when
-            // the owner frees it (`free_small_local`), or when it takes the
-            // block in from its inbox (`free_owned`).  Another thread does
-            // not read the bitmap: the owner writes its words all the time,
-            // and the read would pull the line away from it on every
-            // remote free.
-            if heap::small_slot_start(d, p).is_none() {
-                report::bad_free(call, p, BadFree::NotABlock, size, class);
-                return;
-            }
-            if (*(p as *mut Block)).tag == flight_tag() {
-                report::bad_free(call, p, BadFree::DoubleFree, size, class);
-                return;
+            // A slot start, not free and not in flight to its owner.  Its
+            // bit is exact for the owner; from another thread it is a
+            // relaxed read of the owner's word, which sees every free the
+            // owner made before something ordered it with this call (the
+            // program's own hand-over of the pointer), so a double free
+            // after the owner's free is refused here, before the block can
+            // be reused.  A free racing with the owner's is the program's
+            // data race; the owner's drain then refuses it if the block is
+            // still free.
+            match heap::small_slot(d, p) {
+                None => {
+                    report::bad_free(call, p, BadFree::NotABlock, size, class);
+                    return;
+                }
+                Some((_, true)) => {
+                    report::bad_free(call, p, BadFree::DoubleFree, size, class);
+                    return;
+                }
+                Some((_, false)) if (*(p as *mut Block)).tag == flight_tag() => {
+                    report::bad_free(call, p, BadFree::DoubleFree, size, class);
+                    return;
+                }
+                Some((_, false)) => {}
             }
         }
         let owner = (*d).heap.load(canopy_sync::prim::Ordering::Relaxed);
