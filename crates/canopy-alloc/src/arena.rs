@@ -29,9 +29,11 @@
 //! A `SMALL` unit is a [`crate::slab`] slab: its slots' bitmap lives in a
 //! table of its own, `BITMAP_STRIDE` bytes per unit, in the gigabyte below the
 //! descriptor table, so a pointer's bitmap word is, like its descriptor, a
-//! fixed offset from the arena base.  Nothing is written into a free block;
-//! a block on its way to its owner as a remote free is linked through its
-//! first word and marked in its second (see [`Block`]).
+//! fixed offset from the arena base.  The bitmap alone says which blocks
+//! are free; the allocator also marks a free block in its second word, and
+//! links a block on its way to its owner as a remote free through its first
+//! word, so that other threads can check a free without reading the owner's
+//! bitmap (see [`Block`]).
 
 use crate::heap::Heap;
 use canopy_sync::prim::{AtomicPtr, AtomicUsize, Ordering};
@@ -85,13 +87,16 @@ pub const SPAN_ZEROED: u8 = 2;
 /// just trimmed); cleared when the chunk is resized in place.
 pub const LARGE_TAIL_CLEAN: u8 = 4;
 
-/// A small block on its way to its owner as a remote free: its first word
-/// links the owner's inbox (`canopy_sync::Node`), its second holds
-/// [`flight_tag`] until the owner drains it.  Both free paths refuse a block
-/// that carries the mark (a second free while the first is in flight would
-/// cross the inbox with the bitmap), and the owner clears it when it takes
-/// the block in.  Free blocks carry nothing: their slab's bitmap says they
-/// are free.
+/// The words of a small block the allocator writes.  A block on its way
+/// to its owner as a remote free: its first word links the owner's inbox
+/// (`canopy_sync::Node`), its second holds [`flight_tag`] until the owner
+/// drains it.  A free block: its second word holds [`free_mark`].
+/// Allocation clears the second word.  The slab's bitmap is what says a
+/// block is free (exactly, for its owner); the marks let *another* thread's
+/// free refuse a block that is free or in flight without reading the
+/// owner's bitmap, a line the owner writes on every allocation.  Both free
+/// paths refuse a block marked in flight: a second free while the first is
+/// in flight would cross the inbox with the bitmap.
 #[repr(C)]
 pub struct Block {
     /// The inbox link.
@@ -287,15 +292,22 @@ pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
 }
 
 /// The mark a small block on its way to its owner (a remote free) carries
-/// in its second word: a per-process random number, so user data almost
-/// never matches it.  The free fast path reads it and sends a block that
-/// carries it to the slow path, which refuses the double free.  The read
-/// could wait for the program's last narrow stores into the block; on the
-/// SAC kernel at X = 25 the time with and without such a read was the same
-/// (0.995, median of 9 interleaved runs).
+/// in its second word: a per-process random odd number, so user data
+/// almost never matches it.  The free fast path reads it and sends a block
+/// that carries it to the slow path, which refuses the double free.  The
+/// read could wait for the program's last narrow stores into the block; on
+/// the SAC kernel at X = 25 the time with and without such a read was the
+/// same (0.995, median of 9 interleaved runs).
 #[inline(always)]
 pub fn flight_tag() -> usize {
     FREE_KEY.load(Ordering::Relaxed)
+}
+
+/// The mark a free small block carries in its second word (see [`Block`]):
+/// `flight_tag() ^ 1`, so one test `tag ^ flight_tag() <= 1` finds both.
+#[inline(always)]
+pub fn free_mark() -> usize {
+    FREE_KEY.load(Ordering::Relaxed) ^ 1
 }
 
 pub(crate) static FREE_KEY: AtomicUsize = AtomicUsize::new(0x5bd1_e995_a3c5_9ac3);
@@ -309,7 +321,7 @@ pub(crate) fn init_free_key() {
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^= x >> 33;
-    // Never 0 (the mark a drained block is left with).
+    // Odd, and with bit 1 set, so neither mark is 0 (a live block's).
     FREE_KEY.store(x | 3, Ordering::Relaxed);
 }
 

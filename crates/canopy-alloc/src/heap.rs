@@ -41,7 +41,7 @@
 //!   `full` (so a free into a full slab takes the slow path).
 //! - `used + free slots == slots` for every slab, plus one for `cur[c]`.
 
-use crate::arena::{self, desc, desc_index, flight_tag, kind, Block, Desc, FLAG_FULL, PAGE_UNITS, UNIT};
+use crate::arena::{self, desc, desc_index, flight_tag, free_mark, kind, Block, Desc, FLAG_FULL, PAGE_UNITS, UNIT};
 use crate::global;
 use crate::medium::Medium;
 use crate::report::BadFree;
@@ -90,6 +90,11 @@ pub(crate) struct Cursor {
     pub(crate) size: usize,
     /// The slab the word belongs to (`EMPTY_DESC` with `ZERO_WORD`).
     pub(crate) desc: *mut Desc,
+    /// Blocks the fast path took through this cursor, not yet added to the
+    /// slab's `used` (see `Heap::settle`): the fast path writes only the
+    /// cursor's line, not the descriptor's, which other threads read on
+    /// every free of the slab's blocks.
+    pub(crate) taken: u32,
 }
 
 /// The word of every empty cursor: no free slot, so the fast path goes to
@@ -98,7 +103,7 @@ pub(crate) static ZERO_WORD: BitWord = BitWord::new(0);
 
 impl Cursor {
     const fn empty() -> Cursor {
-        Cursor { word: &ZERO_WORD, base: 0, size: 0, desc: &EMPTY_DESC.0 as *const Desc as *mut Desc }
+        Cursor { word: &ZERO_WORD, base: 0, size: 0, desc: &EMPTY_DESC.0 as *const Desc as *mut Desc, taken: 0 }
     }
 }
 
@@ -377,9 +382,10 @@ impl Heap {
                 if let Some(p) = self.take_from(c, d) {
                     return p;
                 }
-                // Exhausted: drop the current bias, move to the full list.
-                (*d).used -= 1;
+                // Exhausted: drop the current bias (after `set_current` has
+                // settled the cursor's count), move to the full list.
                 self.set_current(c, empty_desc());
+                (*d).used -= 1;
                 self.make_full(c, d);
             }
             // A slab with free slots?
@@ -421,8 +427,35 @@ impl Heap {
     /// Its cursor is set by the next `take_from`.
     #[inline]
     fn set_current(&mut self, c: usize, d: *mut Desc) {
+        self.settle(c);
         self.cur[c] = d;
         self.cursors[c] = Cursor::empty();
+    }
+
+    /// Add the blocks class `c`'s cursor took to its slab's `used`.  Until
+    /// then the current slab's `used` is short by them: it may even wrap
+    /// below 0 (all arithmetic on `used` wraps), which is why only a slab
+    /// that is not current is ever released for `used == 0`.
+    #[inline]
+    fn settle(&mut self, c: usize) {
+        let cur = &mut self.cursors[c];
+        if cur.taken != 0 {
+            // SAFETY: a cursor that took blocks points at a slab of this
+            // heap (owner thread).
+            unsafe { (*cur.desc).used = (*cur.desc).used.wrapping_add(cur.taken) };
+            cur.taken = 0;
+        }
+    }
+
+    /// `used` of slab `d` of class `c` with its cursor's blocks added.
+    fn used_of(&self, c: usize, d: *const Desc) -> u32 {
+        // SAFETY: d is a slab of this heap (owner thread).
+        let u = unsafe { (*d).used };
+        if core::ptr::eq(self.cursors[c].desc, d) {
+            u.wrapping_add(self.cursors[c].taken)
+        } else {
+            u
+        }
     }
 
     /// Take the lowest free slot of the current slab `d` of class `c` and
@@ -443,12 +476,15 @@ impl Heap {
                 let size = shape.size as usize;
                 let base = arena::unit_addr(d) as usize + w * 64 * size;
                 let p = (base + bit as usize * size) as *mut u8;
-                (*d).used += 1;
+                // Clear the free mark (see arena::Block).
+                (*(p as *mut Block)).tag = 0;
+                (*d).used = (*d).used.wrapping_add(1);
                 self.allocs += 1;
                 if crate::options().check {
                     crate::check::mark_allocated(d, p);
                 } else {
-                    self.cursors[c] = Cursor { word, base, size, desc: d };
+                    self.settle(c);
+                    self.cursors[c] = Cursor { word, base, size, desc: d, taken: 0 };
                 }
                 return Some(p);
             }
@@ -571,8 +607,9 @@ impl Heap {
             let word = &*arena::bitmap(desc_index(d)).add(i / 64);
             let now = slab::release_bits(word.load(Ordering::Relaxed), i).map_err(|_| BadFree::DoubleFree)?;
             word.store(now, Ordering::Relaxed);
-            debug_assert!((*d).used > 0, "free into a slab with no live block");
-            (*d).used -= 1;
+            (*(p as *mut Block)).tag = free_mark();
+            debug_assert!(self.used_of((*d).class as usize, d) > 0, "free into a slab with no live block");
+            (*d).used = (*d).used.wrapping_sub(1);
             if (*d).flags != 0 || (*d).used == 0 {
                 self.free_small_post(d, p);
             }
@@ -597,13 +634,14 @@ impl Heap {
                     (*d).owner.store(self.tid, Ordering::Relaxed);
                 }
             }
-            if (*d).used == 0 {
-                // Frees are checked against the bitmap, so the current
-                // slab's bias is never given back by a free.
-                debug_assert!(self.cur[c] != d, "the current slab lost its bias");
+            // The current slab's `used` may reach 0 while its cursor holds
+            // blocks not yet added (see `settle`); with them it never does
+            // (it carries a bias of one).
+            if (*d).used == 0 && self.cur[c] != d {
                 Heap::list_remove(&mut self.avail[c], d);
                 self.release_slab(d);
             }
+            debug_assert!(self.cur[c] != d || self.used_of(c, d) > 0, "the current slab lost its bias");
         }
     }
 
@@ -768,7 +806,7 @@ impl Heap {
                 while !d.is_null() && d != empty_desc() {
                     // SAFETY: slabs of this heap, read by their owner.
                     unsafe {
-                        blocks += (*d).used as u64 - only_one as u64;
+                        blocks += self.used_of(c, d) as u64 - only_one as u64;
                         slabs += 1;
                         d = if only_one { ptr::null_mut() } else { (*d).next };
                     }
@@ -864,7 +902,7 @@ impl Heap {
                 self.set_current(c, empty_desc());
                 // SAFETY: owner; d was this heap's current slab.
                 unsafe {
-                    (*d).used = (*d).used.saturating_sub(1);
+                    (*d).used -= 1;
                     Heap::list_push(&mut self.avail[c], d);
                 }
             }
@@ -948,7 +986,7 @@ impl Heap {
                         if self.tid != 0 && (*s).owner.load(Ordering::Relaxed) != want {
                             return Err("slab owner is not the heap's thread (0 for full slabs and in check mode)");
                         }
-                        if (*s).used + free_slots(s) != SHAPES[c].slots {
+                        if self.used_of(c, s).wrapping_add(free_slots(s)) != SHAPES[c].slots {
                             return Err("used + free slots != slots");
                         }
                         s = (*s).next;
@@ -959,7 +997,7 @@ impl Heap {
                 // SAFETY: owner reading its own current slab.
                 unsafe {
                     // The current slab's `used` carries a bias of one.
-                    if (*d).used + free_slots(d) != SHAPES[c].slots + 1 {
+                    if self.used_of(c, d).wrapping_add(free_slots(d)) != SHAPES[c].slots + 1 {
                         return Err("current slab: used - 1 + free slots != slots");
                     }
                 }
@@ -1066,6 +1104,19 @@ unsafe fn free_slots(d: *const Desc) -> u32 {
     unsafe {
         let words = arena::bitmap(desc_index(d));
         (0..SHAPES[(*d).class as usize].words as usize).map(|w| (*words.add(w)).load(Ordering::Relaxed).count_ones()).sum()
+    }
+}
+
+/// The slot of SMALL slab `d` that `p` starts, or `None`.
+///
+/// # Safety
+/// `d` is a SMALL descriptor and `p` lies in its unit.
+pub(crate) unsafe fn small_slot_start(d: *const Desc, p: *mut u8) -> Option<usize> {
+    // SAFETY: d is a valid SMALL descriptor (caller's contract); its slot
+    // test does not change while a block of it may be live.
+    unsafe {
+        let off = p as usize - arena::unit_addr(d) as usize;
+        slab::locate_small((*d).divc, (*d).limit, off as u32)
     }
 }
 

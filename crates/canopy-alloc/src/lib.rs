@@ -59,7 +59,7 @@ mod solo;
 pub mod stats;
 mod thread;
 
-use arena::{desc, desc_index, flight_tag, kind, unit_index, Block, Desc, MAX_UNITS, UNIT, UNIT_SHIFT};
+use arena::{desc, desc_index, flight_tag, free_mark, kind, unit_index, Block, Desc, MAX_UNITS, UNIT, UNIT_SHIFT};
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
 use core::ptr;
@@ -166,9 +166,12 @@ unsafe fn take_or_else(h: *mut Heap, cp: *mut heap::Cursor, slow: impl FnOnce() 
         let word = &*(*cp).word;
         if let Some((rest, bit)) = slab::take_lowest_bits(word.load(core::sync::atomic::Ordering::Relaxed)) {
             word.store(rest, core::sync::atomic::Ordering::Relaxed);
-            (*(*cp).desc).used += 1;
+            (*cp).taken += 1;
             (*h).allocs += 1;
-            return ((*cp).base + bit as usize * (*cp).size) as *mut u8;
+            let p = ((*cp).base + bit as usize * (*cp).size) as *mut Block;
+            // Clear the free mark (see arena::Block).
+            (*p).tag = 0;
+            return p as *mut u8;
         }
     }
     slow()
@@ -496,7 +499,10 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
                         let word = &*((base - arena::BITMAP_OFFSET + (i64 + (i >> 6)) * 8) as *const core::sync::atomic::AtomicU64);
                         if let Ok(now) = slab::release_bits(word.load(core::sync::atomic::Ordering::Relaxed), i) {
                             word.store(now, core::sync::atomic::Ordering::Relaxed);
-                            (*d).used -= 1;
+                            (*(p as *mut Block)).tag = free_mark();
+                            // Wraps for a current slab whose cursor holds
+                            // blocks not yet counted (see `Heap::settle`).
+                            (*d).used = (*d).used.wrapping_sub(1);
                             if (*d).used == 0 {
                                 free_post(d, p);
                             }
@@ -641,29 +647,17 @@ unsafe fn free_small_slow(d: *mut Desc, p: *mut u8, call: &'static str) {
                 return;
             }
         } else {
-            // A slot start, not free and not in flight to its owner.  Its
-            // bit is exact for the owner; from another thread it is a
-            // relaxed read of the owner's word, which sees every free the
-            // owner made before something ordered it with this call (the
-            // program's own hand-over of the pointer), so a double free
-            // after the owner's free is refused here, before the block can
-            // be reused.  A free racing with the owner's is the program's
-            // data race; the owner's drain then refuses it if the block is
-            // still free.
-            match heap::small_slot(d, p) {
-                None => {
-                    report::bad_free(call, p, BadFree::NotABlock, size, class);
-                    return;
-                }
-                Some((_, true)) => {
-                    report::bad_free(call, p, BadFree::DoubleFree, size, class);
-                    return;
-                }
-                Some((_, false)) if (*(p as *mut Block)).tag == flight_tag() => {
-                    report::bad_free(call, p, BadFree::DoubleFree, size, class);
-                    return;
-                }
-                Some((_, false)) => {}
+            // A slot start, not marked free or in flight (see arena::Block;
+            // the owner's bitmap, exact, is its own to read: another
+            // thread reading it would pull the line away from the owner on
+            // every remote free).
+            if heap::small_slot_start(d, p).is_none() {
+                report::bad_free(call, p, BadFree::NotABlock, size, class);
+                return;
+            }
+            if (*(p as *mut Block)).tag ^ flight_tag() <= 1 {
+                report::bad_free(call, p, BadFree::DoubleFree, size, class);
+                return;
             }
         }
         let owner = (*d).heap.load(canopy_sync::prim::Ordering::Relaxed);
