@@ -189,7 +189,8 @@ pub struct Heap {
     pub(crate) direct: [*mut Cursor; DIRECT_LEN],
     /// The allocation cursor of each small class.
     pub(crate) cursors: [Cursor; SMALL_CLASSES],
-    /// Small allocations served by the fast path (owner-only).
+    /// Small allocations, but for those the cursors count and have not
+    /// settled yet (owner-only).
     pub(crate) allocs: u64,
     /// Thread id of the owner, 0 while abandoned.
     pub(crate) tid: usize,
@@ -443,6 +444,7 @@ impl Heap {
             // SAFETY: a cursor that took blocks points at a slab of this
             // heap (owner thread).
             unsafe { (*cur.desc).used = (*cur.desc).used.wrapping_add(cur.taken) };
+            self.allocs += cur.taken as u64;
             cur.taken = 0;
         }
     }
@@ -823,7 +825,8 @@ impl Heap {
         for (i, v) in counters.iter().enumerate() {
             self.published.counters[i].store(*v, Ordering::Relaxed);
         }
-        self.published.small_allocs.store(self.allocs, Ordering::Relaxed);
+        let unsettled: u64 = self.cursors.iter().map(|k| k.taken as u64).sum();
+        self.published.small_allocs.store(self.allocs + unsettled, Ordering::Relaxed);
         self.published.pages.store((self.small_pages + self.medium.pages) as u64, Ordering::Relaxed);
     }
 

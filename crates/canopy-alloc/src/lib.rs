@@ -59,7 +59,7 @@ mod solo;
 pub mod stats;
 mod thread;
 
-use arena::{desc, desc_index, flight_tag, free_mark, kind, unit_index, Block, Desc, MAX_UNITS, UNIT, UNIT_SHIFT};
+use arena::{desc, desc_index, flight_tag, kind, unit_index, Block, Desc, MAX_UNITS, UNIT, UNIT_SHIFT};
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
 use core::ptr;
@@ -137,7 +137,7 @@ fn alloc_small(c: usize) -> *mut u8 {
     let h = tls_heap();
     // SAFETY: h is this thread's heap (or EMPTY_HEAP, whose cursors are
     // empty); c < SMALL_CLASSES.
-    unsafe { take_or_else(h, (*h).cursors.as_mut_ptr().add(c), || alloc_small_slow(h, c)) }
+    unsafe { take_or_else((*h).cursors.as_mut_ptr().add(c), || alloc_small_slow(h, c)) }
 }
 
 /// The fast path by size (`size <= SMALL_MAX`): the heap's size-indexed
@@ -147,18 +147,18 @@ fn alloc_small_size(size: usize) -> *mut u8 {
     let g = (size + 15) >> 4;
     let h = tls_heap();
     // SAFETY: as in alloc_small; g < DIRECT_LEN.
-    unsafe { take_or_else(h, *(*h).direct.get_unchecked(g), || alloc_small_slow_size(size, h)) }
+    unsafe { take_or_else(*(*h).direct.get_unchecked(g), || alloc_small_slow_size(size, h)) }
 }
 
 /// Take the lowest free slot of cursor `cp`'s word (a word of the current
-/// slab of its class in heap `h`, or the empty cursor's zero word), else
+/// slab of its class in this thread's heap, or the empty cursor's zero word), else
 /// call `slow`.  The word, once used up, stays with the cursor: the next
 /// allocation finds it empty and the slow path moves the cursor.
 ///
 /// # Safety
-/// `h` is this thread's heap or `EMPTY_HEAP`; `cp` is one of its cursors.
+/// `cp` is a cursor of this thread's heap or of `EMPTY_HEAP`.
 #[inline(always)]
-unsafe fn take_or_else(h: *mut Heap, cp: *mut heap::Cursor, slow: impl FnOnce() -> *mut u8) -> *mut u8 {
+unsafe fn take_or_else(cp: *mut heap::Cursor, slow: impl FnOnce() -> *mut u8) -> *mut u8 {
     // SAFETY: the cursor, its slab and its bitmap word belong to this thread
     // (only the owner writes a bitmap); an empty cursor's word is 0, so
     // nothing is written through it.
@@ -167,7 +167,6 @@ unsafe fn take_or_else(h: *mut Heap, cp: *mut heap::Cursor, slow: impl FnOnce() 
         if let Some((rest, bit)) = slab::take_lowest_bits(word.load(core::sync::atomic::Ordering::Relaxed)) {
             word.store(rest, core::sync::atomic::Ordering::Relaxed);
             (*cp).taken += 1;
-            (*h).allocs += 1;
             let p = ((*cp).base + bit as usize * (*cp).size) as *mut Block;
             // Clear the free mark (see arena::Block).
             (*p).tag = 0;
@@ -495,11 +494,13 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
                 // table is `idx * 64 + i / 64` (BITMAP_STRIDE is 64 words).
                 let off = (p as usize & (UNIT - 1)) as u32;
                 if let Some(i) = slab::locate_small((*d).divc, (*d).limit, off) {
-                    if (*(p as *mut Block)).tag != flight_tag() {
+                    let key = flight_tag();
+                    if (*(p as *mut Block)).tag != key {
                         let word = &*((base - arena::BITMAP_OFFSET + (i64 + (i >> 6)) * 8) as *const core::sync::atomic::AtomicU64);
                         if let Ok(now) = slab::release_bits(word.load(core::sync::atomic::Ordering::Relaxed), i) {
                             word.store(now, core::sync::atomic::Ordering::Relaxed);
-                            (*(p as *mut Block)).tag = free_mark();
+                            // The free mark (`free_mark()`).
+                            (*(p as *mut Block)).tag = key ^ 1;
                             // Wraps for a current slab whose cursor holds
                             // blocks not yet counted (see `Heap::settle`).
                             (*d).used = (*d).used.wrapping_sub(1);

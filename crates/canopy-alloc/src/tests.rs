@@ -293,6 +293,32 @@ fn stats_report_in_use_and_classes() {
 }
 
 #[test]
+fn stats_count_blocks_the_fast_path_took_before_its_cursor_moved() {
+    let _g = serial();
+    // The fast path counts in the class's cursor and settles into the
+    // slab's count only when the cursor moves; statistics must see both.
+    std::thread::spawn(|| {
+        let c = small_class_index(48);
+        let first = alloc(48);
+        let before = stats::snapshot();
+        let ps: Vec<*mut u8> = (0..40).map(|_| alloc(48)).collect();
+        let after = stats::snapshot();
+        assert!(after.allocations - before.allocations >= 40);
+        assert_eq!(after.classes[c].blocks_in_use - before.classes[c].blocks_in_use, 40);
+        check_invariants().unwrap();
+        for p in ps {
+            unsafe { free(p) };
+        }
+        let freed = stats::snapshot();
+        assert_eq!(after.classes[c].blocks_in_use - freed.classes[c].blocks_in_use, 40);
+        check_invariants().unwrap();
+        unsafe { free(first) };
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
 fn collect_returns_memory() {
     let _g = serial();
     let ps: Vec<_> = (0..8).map(|_| alloc(8 << 20)).collect();
