@@ -949,7 +949,7 @@ impl Heap {
     /// Check this heap's invariants (owner thread; debug builds and tests).
     pub(crate) fn check(&self) -> Result<(), &'static str> {
         let check_mode = crate::options().check;
-        for c in 0..SMALL_CLASSES {
+        for (c, shape) in SHAPES.iter().enumerate() {
             let d = self.cur[c];
             if d != empty_desc() {
                 // SAFETY: owner reading its own slabs.
@@ -989,7 +989,7 @@ impl Heap {
                         if self.tid != 0 && (*s).owner.load(Ordering::Relaxed) != want {
                             return Err("slab owner is not the heap's thread (0 for full slabs and in check mode)");
                         }
-                        if self.used_of(c, s).wrapping_add(free_slots(s)) != SHAPES[c].slots {
+                        if self.used_of(c, s).wrapping_add(free_slots(s)) != shape.slots {
                             return Err("used + free slots != slots");
                         }
                         s = (*s).next;
@@ -1000,7 +1000,7 @@ impl Heap {
                 // SAFETY: owner reading its own current slab.
                 unsafe {
                     // The current slab's `used` carries a bias of one.
-                    if self.used_of(c, d).wrapping_add(free_slots(d)) != SHAPES[c].slots + 1 {
+                    if self.used_of(c, d).wrapping_add(free_slots(d)) != shape.slots + 1 {
                         return Err("current slab: used - 1 + free slots != slots");
                     }
                 }

@@ -818,7 +818,8 @@ impl RegionAllocator {
     /// ```
     pub fn in_region(&mut self, rid: RegionId) -> Result<InRegion<'_>, RegionError> {
         let slot = self.slot_of(rid)?;
-        Ok(InRegion { ra: self, slot, rid })
+        let view = FastView::of(self, slot);
+        Ok(InRegion { ra: self, slot, rid, view })
     }
 
     #[cold]
@@ -886,13 +887,21 @@ impl RegionAllocator {
 
     /// The cursor word of (`ri`, `class`) has no free slot left: move the
     /// cursor to another word of the head slab, or move the slab, now full,
-    /// to the full list (the cursor is then `NO_WORD`).
+    /// to the full list and the cursor on to the next partial slab, so the
+    /// next allocation stays on the fast path.  With no partial slab left
+    /// the cursor is `NO_WORD`: the slow path makes one (a partial slab
+    /// always has a live object, so it is not made before it is needed).
     #[cold]
     #[inline(never)]
     fn cursor_exhausted(&mut self, ri: usize, class: usize) {
         let sid = self.regions[ri].sizes[class].head;
-        if !self.set_cursor(ri, class, sid) {
-            self.slab_filled(ri, class, sid);
+        if self.set_cursor(ri, class, sid) {
+            return;
+        }
+        self.slab_filled(ri, class, sid);
+        let next = self.regions[ri].sizes[class].head;
+        if next != NIL {
+            self.set_cursor(ri, class, next);
         }
     }
 
@@ -1709,6 +1718,34 @@ pub struct InRegion<'a> {
     /// The region's slot: live for as long as `ra` is borrowed.
     slot: usize,
     rid: RegionId,
+    /// Raw views of the allocator's tables for the fast path, taken again
+    /// after every call that may change them (see [`FastView`]).
+    view: FastView,
+}
+
+/// The tables the allocation fast path reads, as raw pointers held in the
+/// `InRegion` itself: the compiler keeps them in registers across a loop of
+/// allocations, where through `&mut RegionAllocator` it reloads each one
+/// after every store into a bitmap word.  Only the slow path (growing the
+/// allocator reallocates `bits`) changes them, and `InRegion` takes the view
+/// again after each call into the allocator.
+#[derive(Clone, Copy)]
+struct FastView {
+    by16: *const SlotOf,
+    by16_len: usize,
+    sizes: *mut SizeList,
+    bits: *mut u64,
+}
+
+impl FastView {
+    fn of(ra: &mut RegionAllocator, slot: usize) -> FastView {
+        FastView {
+            by16: ra.by16.as_ptr(),
+            by16_len: ra.by16.len(),
+            sizes: ra.regions[slot].sizes.as_mut_ptr(),
+            bits: ra.bits.as_mut_ptr(),
+        }
+    }
 }
 
 impl InRegion<'_> {
@@ -1721,16 +1758,45 @@ impl InRegion<'_> {
     /// [`RegionAllocator::alloc`] does.
     #[inline]
     pub fn alloc(&mut self, size: usize) -> Result<NonNull<u8>, RegionError> {
-        if let Some(p) = self.ra.take_slot(self.slot, size) {
-            return Ok(p);
+        let v = self.view;
+        debug_assert!(
+            core::ptr::eq(v.bits, self.ra.bits.as_ptr()) && core::ptr::eq(v.sizes, self.ra.regions[self.slot].sizes.as_ptr()),
+            "InRegion's view of the allocator's tables is stale"
+        );
+        // As `RegionAllocator::take_slot`, through the view.
+        let g = size.wrapping_add(15) >> 4;
+        if g < v.by16_len {
+            // SAFETY: g < by16_len; the view is current (taken again after
+            // every call into the allocator); class < classes = the region's
+            // `sizes` length; a cursor word index is NO_WORD or a word of a
+            // slab in `bits` (`SizeList` invariant).
+            unsafe {
+                let SlotOf { class, size: slot } = *v.by16.add(g);
+                let l = v.sizes.add(class as usize);
+                let word = v.bits.add((*l).word as usize);
+                if let Some((rest, bit)) = slab::take_lowest_bits(*word) {
+                    *word = rest;
+                    let addr = (*l).base + bit as usize * slot as usize;
+                    self.ra.stats.allocs += 1;
+                    if rest == 0 {
+                        self.ra.cursor_exhausted(self.slot, class as usize);
+                        self.view = FastView::of(self.ra, self.slot);
+                    }
+                    // Slot addresses are inside pages from the source, never 0.
+                    return Ok(NonNull::new_unchecked(addr as *mut u8));
+                }
+            }
         }
-        self.ra.alloc_slow(size, self.rid)
+        let r = self.ra.alloc_slow(size, self.rid);
+        self.view = FastView::of(self.ra, self.slot);
+        r
     }
 
     /// Free one object (of this region or any other of the allocator), as
     /// [`RegionAllocator::free`] does.
     #[inline]
     pub fn free(&mut self, p: NonNull<u8>) -> Result<(), RegionError> {
+        // A free never reallocates the tables the view holds.
         self.ra.free(p)
     }
 

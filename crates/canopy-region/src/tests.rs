@@ -76,6 +76,35 @@ fn in_region_allocates_like_alloc_and_refuses_dead_regions() {
     assert!(matches!(ra.in_region(RegionId::from_raw(0xdead_0001).unwrap()), Err(RegionError::UnknownRegion(_))));
 }
 
+#[test]
+fn in_region_keeps_allocating_right_while_the_allocator_grows() {
+    // `InRegion` keeps raw views of the allocator's tables; growing (new
+    // pages, hence a longer slab bitmap) moves them, and the handle must
+    // take its views again after every slow path.  This loop makes the
+    // allocator take a dozen pages, one at a time.
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let mut inr = ra.in_region(r).unwrap();
+    let mut ps = Vec::new();
+    for k in 0..100_000usize {
+        let s = [24usize, 64, 200][k % 3];
+        let p = inr.alloc(s).unwrap();
+        fill(p, s, k as u8);
+        ps.push((p, s, k as u8));
+    }
+    assert_eq!(inr.allocator().region_stats(r).unwrap().objects, ps.len() as u64);
+    inr.allocator().check().unwrap();
+    for &(p, s, v) in &ps {
+        assert!(holds(p, s, v), "object of {s} B changed");
+    }
+    for &(p, _, _) in ps.iter().step_by(2) {
+        inr.free(p).unwrap();
+    }
+    ra.check().unwrap();
+    assert_eq!(ra.region_stats(r).unwrap().objects, (ps.len() / 2) as u64);
+    ra.rfree(r).unwrap();
+}
+
 /// An id whose low 32 bits (the slot + 1) are 0 names no slot: every call
 /// that takes it refuses it as unknown, in debug builds too (the slot was
 /// computed as `low bits - 1`, which overflowed there and panicked).
