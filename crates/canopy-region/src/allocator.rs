@@ -868,7 +868,9 @@ impl RegionAllocator {
     /// cursor `NO_WORD`, if the slab has none.
     fn set_cursor(&mut self, ri: usize, class: usize, sid: u32) -> bool {
         let first = self.word_index(sid, 0);
-        let w = slab::first_free_word(self.bitmap(sid));
+        // Only the class's words can have free slots (`fill` clears the rest).
+        let words = self.shapes[class].words as usize;
+        let w = slab::first_free_word(&self.bitmap(sid)[..words]);
         let addr = self.slabs[sid as usize].addr;
         let size = self.slot_size(class as u16);
         let l = &mut self.regions[ri].sizes[class];
@@ -949,12 +951,19 @@ impl RegionAllocator {
             let want = self.cfg.high_watermark.max(1);
             let (addr, got) = self.take_slabs(ri, 1, want, self.slot_size(class as u16))?;
             let first = self.slab_of(addr).expect("taken slab is mapped");
+            // Slabs of one page have consecutive indexes in the slab table.
+            let one_page = (addr & !self.page_mask) == ((addr + ((got - 1) << self.slab_shift)) & !self.page_mask);
             // Pushed last to first, so the empty list hands them out in
             // address order: a region filled in one pass then runs through
             // its memory upwards, as hardware prefetchers expect, instead
             // of backwards within each group of slabs taken together.
             for i in (1..got).rev() {
-                let s = self.slab_of(addr + (i << self.slab_shift)).expect("taken slab is mapped");
+                let s = if one_page {
+                    first + i as u32
+                } else {
+                    self.slab_of(addr + (i << self.slab_shift)).expect("taken slab is mapped")
+                };
+                debug_assert_eq!(Some(s), self.slab_of(addr + (i << self.slab_shift)));
                 let r = &mut self.regions[ri];
                 self.slabs[s as usize].state = state::EMPTY;
                 self.slabs[s as usize].region = ri as u32;
@@ -1770,7 +1779,7 @@ impl InRegion<'_> {
             // every call into the allocator); class < classes = the region's
             // `sizes` length; a cursor word index is NO_WORD or a word of a
             // slab in `bits` (`SizeList` invariant).
-            unsafe {
+            let class = unsafe {
                 let SlotOf { class, size: slot } = *v.by16.add(g);
                 let l = v.sizes.add(class as usize);
                 let word = v.bits.add((*l).word as usize);
@@ -1785,6 +1794,17 @@ impl InRegion<'_> {
                     // Slot addresses are inside pages from the source, never 0.
                     return Ok(NonNull::new_unchecked(addr as *mut u8));
                 }
+                class as usize
+            };
+            // A slot size with no cursor (class 0 is size 0, for the slow
+            // path): a partial slab, or a new one, straight away.
+            if class != 0 {
+                let r = self.ra.alloc_small(self.slot, class);
+                self.view = FastView::of(self.ra, self.slot);
+                let a = r?;
+                self.ra.stats.allocs += 1;
+                // SAFETY: slot addresses are inside pages from the source, never 0.
+                return Ok(unsafe { NonNull::new_unchecked(a as *mut u8) });
             }
         }
         let r = self.ra.alloc_slow(size, self.rid);
