@@ -223,9 +223,9 @@ pub struct Heap {
     /// tag marks it in flight, so this takes a double free that races with
     /// the remote free, or a free of a block reused meanwhile: the word that
     /// linked the block in the inbox was reused, so the rest of the chain may
-    /// run through our free lists or live blocks.  The inbox is not drained
-    /// again (frees still sent to it are given up), no page of the heap goes back to the global heap from then
-    /// on, and the heap is retired when its thread exits, keeping its memory:
+    /// run through free or live blocks.  The inbox is not drained again
+    /// (frees still sent to it are given up), no page of the heap goes back
+    /// to the global heap from then on, and the heap is retired when its thread exits, keeping its memory:
     /// the inbox's tail may be any block of this heap, and a late remote free
     /// writes through it.
     pub(crate) inbox_broken: bool,

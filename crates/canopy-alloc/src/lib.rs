@@ -476,7 +476,7 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
         // SAFETY: idx < MAX_UNITS, so d is inside the descriptor table, which
         // lies TABLE_OFFSET below the arena base.  When `owner` is this
         // thread, the slab belongs to this thread's heap and only this thread
-        // touches its free list and counters.
+        // touches its bitmap and counters.
         unsafe {
             // idx * 64 locates both the descriptor (64 bytes) and the
             // slab's bitmap words (64 per unit).

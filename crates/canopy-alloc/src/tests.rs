@@ -864,9 +864,10 @@ fn a_block_sent_home_and_freed_again_does_not_derail_the_inbox() {
     let blocks: Vec<usize> = (0..64).map(|_| alloc(64) as usize).collect();
     let r = blocks[0];
     // Another thread frees r (sent to us); then we free it again.  The free
-    // is refused (r's tag says it is in flight); before the fast path read
-    // the tag, our free list reused the word that links r in the inbox, and
-    // this test checked that draining stopped at r.
+    // is refused (r's mark says it is in flight); before the fast path read
+    // the mark, the owner's free list (as small slabs had then) reused the
+    // word that links r in the inbox, and this test checked that draining
+    // stopped at r.
     std::thread::spawn(move || unsafe { free(r as *mut u8) }).join().unwrap();
     unsafe { free(r as *mut u8) };
     // A block comes back to the program, which writes a pointer to a live

@@ -46,9 +46,11 @@ pub(crate) mod state {
     pub const BODY: u8 = 5;
 }
 
-/// A region's id: unique and non-zero; a freed region's id is never given to
-/// another region while... ever, in fact: ids carry a generation, so a stale
-/// id is reported as freed instead of reaching a newer region.
+/// A region's id: unique and non-zero.  An id is a slot and a generation;
+/// freeing a region bumps its slot's generation, so a stale id is reported
+/// as freed instead of reaching the slot's next region.  (The generation is
+/// 32 bits: only after 2^32 regions have been freed in one slot could an id
+/// come back.)
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RegionId(NonZeroU64);
 
