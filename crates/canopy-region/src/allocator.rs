@@ -667,36 +667,43 @@ impl RegionAllocator {
             core::mem::take(&mut r.owned)
         };
         let me = s as u32;
-        let mut run: Option<(usize, usize)> = None;
+        let shift = self.slab_shift;
+        // The run of released slabs being collected: (start, slabs); 0 slabs
+        // is none.  Runs go to the free ranges whole.
+        let (mut run_at, mut run_n) = (0usize, 0usize);
         for &(addr, n) in &owned {
             let mut i = 0;
             while i < n {
                 // One page-map lookup per page; slab indices are consecutive within a page.
-                let a0 = addr + (i << self.slab_shift);
+                let a0 = addr + (i << shift);
                 let first = self.slab_of(a0).expect("owned slab is mapped") as usize;
                 let in_page = (self.spp - first % self.spp).min(n - i);
-                for k in 0..in_page {
-                    let sl = &mut self.slabs[first + k];
-                    let a = a0 + (k << self.slab_shift);
+                if run_n != 0 && run_at + (run_n << shift) != a0 {
+                    self.free.insert(run_at, run_n);
+                    run_n = 0;
+                }
+                for (k, sl) in self.slabs[first..first + in_page].iter_mut().enumerate() {
                     if sl.region == me && sl.state != state::FREE {
-                        *sl = Slab::free_at(a);
-                        run = match run {
-                            Some((ra, rn)) if ra + (rn << self.slab_shift) == a => Some((ra, rn + 1)),
-                            Some((ra, rn)) => {
-                                self.free.insert(ra, rn);
-                                Some((a, 1))
-                            }
-                            None => Some((a, 1)),
-                        };
-                    } else if let Some((ra, rn)) = run.take() {
-                        self.free.insert(ra, rn);
+                        let a = a0 + (k << shift);
+                        // As `Slab::free_at`; the address stays.  (Class 0
+                        // matters: the free fast path sends a slab of class
+                        // 0 to the slow path without looking at its state.)
+                        *sl = Slab::free_at(sl.addr);
+                        debug_assert_eq!(sl.addr, a);
+                        if run_n == 0 {
+                            run_at = a;
+                        }
+                        run_n += 1;
+                    } else if run_n != 0 {
+                        self.free.insert(run_at, run_n);
+                        run_n = 0;
                     }
                 }
                 i += in_page;
             }
         }
-        if let Some((ra, rn)) = run {
-            self.free.insert(ra, rn);
+        if run_n != 0 {
+            self.free.insert(run_at, run_n);
         }
         let mut owned = owned;
         owned.clear();
