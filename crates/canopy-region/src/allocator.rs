@@ -851,7 +851,8 @@ impl RegionAllocator {
     fn alloc_small(&mut self, ri: usize, class: usize) -> Result<usize, RegionError> {
         debug_assert!(class > 0 && class < self.shapes.len());
         let mut sid = self.regions[ri].sizes[class].head;
-        if sid == NIL {
+        let fresh = sid == NIL;
+        if fresh {
             sid = self.new_partial(ri, class)?;
         }
         debug_assert!(
@@ -860,8 +861,17 @@ impl RegionAllocator {
                 && self.slabs[sid as usize].class as usize == class,
             "partial list of region slot {ri} class {class} holds a wrong slab"
         );
-        // Without a free slot the cursor is NO_WORD, whose word is 0.
-        self.set_cursor(ri, class, sid);
+        // Without a free slot the cursor is NO_WORD, whose word is 0.  A
+        // fresh slab's first word has a free slot: no need to look.
+        if fresh {
+            let word = self.word_index(sid, 0) as u32;
+            let base = self.slabs[sid as usize].addr;
+            let l = &mut self.regions[ri].sizes[class];
+            l.word = word;
+            l.base = base;
+        } else {
+            self.set_cursor(ri, class, sid);
+        }
         let l = self.regions[ri].sizes[class];
         let (bit, exhausted) =
             slab::take_lowest(&mut self.bits[l.word as usize]).expect("a partial slab has a free slot");
