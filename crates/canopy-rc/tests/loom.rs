@@ -306,6 +306,12 @@ struct BObj {
     freed: AtomicUsize,
 }
 
+/// A fresh object owned by `OWNER`, with no reference counted yet; the
+/// model frees it.
+fn new_bobj() -> *mut BObj {
+    Box::into_raw(Box::new(BObj { count: BiasedCount::new(brelease, OWNER), data: UnsafeCell::new(0), freed: AtomicUsize::new(0) }))
+}
+
 unsafe fn brelease(p: *const u8) {
     // SAFETY: p is a BObj (count first); the model frees the memory.
     unsafe { (*(p as *const BObj)).freed.fetch_add(1, Ordering::Relaxed) };
@@ -363,11 +369,7 @@ fn bmerge_queue(queue: &Mutex<Vec<usize>>) {
 #[test]
 fn biased_owner_and_other() {
     model(|| {
-        let o = Box::into_raw(Box::new(BObj {
-            count: BiasedCount::new(brelease, OWNER),
-            data: UnsafeCell::new(0),
-            freed: AtomicUsize::new(0),
-        }));
+        let o = new_bobj();
         let ou = o as usize;
         let queue = Arc::new(Mutex::new(Vec::new()));
         let holds = Arc::new(AtomicBool::new(true));
@@ -409,11 +411,7 @@ fn biased_owner_and_other() {
 #[test]
 fn biased_two_others_queue_once() {
     model(|| {
-        let o = Box::into_raw(Box::new(BObj {
-            count: BiasedCount::new(brelease, OWNER),
-            data: UnsafeCell::new(0),
-            freed: AtomicUsize::new(0),
-        }));
+        let o = new_bobj();
         let ou = o as usize;
         let queue = Arc::new(Mutex::new(Vec::new()));
         let owner_holds = Arc::new(AtomicBool::new(true));
@@ -497,11 +495,7 @@ fn bdec_registry(o: *const BObj, me: u64, registered: &Mutex<bool>, queue: &Mute
 #[test]
 fn biased_drop_during_owner_teardown() {
     model(|| {
-        let o = Box::into_raw(Box::new(BObj {
-            count: BiasedCount::new(brelease, OWNER),
-            data: UnsafeCell::new(0),
-            freed: AtomicUsize::new(0),
-        }));
+        let o = new_bobj();
         let ou = o as usize;
         let queue = Arc::new(Mutex::new(Vec::new()));
         let registered = Arc::new(Mutex::new(true));
