@@ -781,6 +781,8 @@ impl RegionAllocator {
     /// The fast path of allocation in the live region of slot `s`: the
     /// lowest free bit of the cursor word of the request's slot size, or
     /// `None` when there is no cursor (or the size is 0 or above a slab).
+    /// `InRegion::alloc` does the same through its raw views; a change here
+    /// belongs there too.
     #[inline(always)]
     fn take_slot(&mut self, s: usize, size: usize) -> Option<NonNull<u8>> {
         // Size 0 gives class 0, whose cursor is always NO_WORD; a size above
