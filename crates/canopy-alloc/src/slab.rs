@@ -86,9 +86,19 @@ impl SlotShape {
 
     /// Set the bits of every slot of a fresh slab (`words` holds exactly
     /// [`words`](Self::words) words or more; words past the slots are cleared).
+    #[inline]
     pub fn fill(&self, words: &mut [u64]) {
+        // One select per word, no call: pools fill a handful of words, where
+        // a memset call would cost more than the stores.
+        let n = self.words as usize;
         for (w, x) in words.iter_mut().enumerate() {
-            *x = self.fresh_word(w);
+            *x = if w + 1 < n {
+                !0
+            } else if w + 1 == n {
+                self.last_full
+            } else {
+                0
+            };
         }
     }
 
@@ -286,6 +296,19 @@ mod tests {
     fn the_empty_shape_has_no_slot() {
         for off in [0usize, 1, 16, 4096, 65535] {
             assert_eq!(SlotShape::EMPTY.locate(off), None);
+        }
+    }
+
+    #[test]
+    fn fill_writes_every_fresh_word_over_any_old_bits() {
+        for shape in [SlotShape::EMPTY, SlotShape::new(16, 4096), SlotShape::new(64, 4096), SlotShape::new(192, 4096), SlotShape::new(48, 1 << 16)] {
+            for extra in [0usize, 1, 3] {
+                let mut words = vec![0x5a5a_5a5a_5a5a_5a5a_u64; shape.words as usize + extra];
+                shape.fill(&mut words);
+                for (w, &x) in words.iter().enumerate() {
+                    assert_eq!(x, shape.fresh_word(w), "shape {shape:?}, word {w}");
+                }
+            }
         }
     }
 

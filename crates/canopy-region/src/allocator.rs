@@ -848,14 +848,27 @@ impl RegionAllocator {
     }
 
     /// A slot of `class` for region `ri` when its cursor is `NO_WORD`: set
-    /// the cursor on the head of the partial list (taking a new slab if the
-    /// list is empty) and take a slot from it.
+    /// the cursor on the head of the partial list and take a slot from it,
+    /// or take slot 0 of a new slab if the list is empty.
     fn alloc_small(&mut self, ri: usize, class: usize) -> Result<usize, RegionError> {
         debug_assert!(class > 0 && class < self.shapes.len());
-        let mut sid = self.regions[ri].sizes[class].head;
-        let fresh = sid == NIL;
-        if fresh {
-            sid = self.new_partial(ri, class)?;
+        let sid = self.regions[ri].sizes[class].head;
+        if sid == NIL {
+            // A fresh slab: every slot free, so slot 0 (bit 0 of word 0)
+            // is the lowest, and the cursor goes on word 0 without a look.
+            let (sid, w) = self.new_partial(ri, class)?;
+            let addr = self.slabs[sid as usize].addr;
+            let word = &mut self.bits[w];
+            debug_assert!(*word & 1 == 1, "a fresh slab has slot 0 free");
+            *word &= !1;
+            let rest = *word;
+            let l = &mut self.regions[ri].sizes[class];
+            l.word = w as u32;
+            l.base = addr;
+            if rest == 0 {
+                self.cursor_exhausted(ri, class);
+            }
+            return Ok(addr);
         }
         debug_assert!(
             self.slabs[sid as usize].state == state::PARTIAL
@@ -863,17 +876,7 @@ impl RegionAllocator {
                 && self.slabs[sid as usize].class as usize == class,
             "partial list of region slot {ri} class {class} holds a wrong slab"
         );
-        // Without a free slot the cursor is NO_WORD, whose word is 0.  A
-        // fresh slab's first word has a free slot: no need to look.
-        if fresh {
-            let word = self.word_index(sid, 0) as u32;
-            let base = self.slabs[sid as usize].addr;
-            let l = &mut self.regions[ri].sizes[class];
-            l.word = word;
-            l.base = base;
-        } else {
-            self.set_cursor(ri, class, sid);
-        }
+        self.set_cursor(ri, class, sid);
         let l = self.regions[ri].sizes[class];
         let (bit, exhausted) =
             slab::take_lowest(&mut self.bits[l.word as usize]).expect("a partial slab has a free slot");
@@ -914,11 +917,15 @@ impl RegionAllocator {
     /// next allocation stays on the fast path.  With no partial slab left
     /// the cursor is `NO_WORD`: the slow path makes one (a partial slab
     /// always has a live object, so it is not made before it is needed).
+    /// It only relinks slabs and moves the cursor: the slab, bitmap and
+    /// region tables stay where they are (`InRegion` keeps its view).
     #[cold]
     #[inline(never)]
     fn cursor_exhausted(&mut self, ri: usize, class: usize) {
         let sid = self.regions[ri].sizes[class].head;
-        if self.set_cursor(ri, class, sid) {
+        // A slab of one bitmap word is full now; otherwise look for another
+        // word with a free slot (a free may have released one below).
+        if self.shapes[class].words > 1 && self.set_cursor(ri, class, sid) {
             return;
         }
         self.slab_filled(ri, class, sid);
@@ -959,50 +966,67 @@ impl RegionAllocator {
         r.n_partial -= 1;
     }
 
-    /// Give region `ri` a fresh partial slab for `class`.
-    #[cold]
-    fn new_partial(&mut self, ri: usize, class: usize) -> Result<u32, RegionError> {
-        let sid = if self.regions[ri].empty != NIL {
-            let r = &mut self.regions[ri];
-            let s = r.empty;
-            unlink(&mut self.slabs, &mut r.empty, s);
-            r.n_empty -= 1;
-            s
-        } else {
-            let want = self.cfg.high_watermark.max(1);
-            let (addr, got) = self.take_slabs(ri, 1, want, self.slot_size(class as u16))?;
-            let first = self.slab_of(addr).expect("taken slab is mapped");
-            // Slabs of one page have consecutive indexes in the slab table.
-            let one_page = (addr & !self.page_mask) == ((addr + ((got - 1) << self.slab_shift)) & !self.page_mask);
-            // Pushed last to first, so the empty list hands them out in
-            // address order: a region filled in one pass then runs through
-            // its memory upwards, as hardware prefetchers expect, instead
-            // of backwards within each group of slabs taken together.
-            for i in (1..got).rev() {
-                let s = if one_page {
-                    first + i as u32
-                } else {
-                    self.slab_of(addr + (i << self.slab_shift)).expect("taken slab is mapped")
-                };
-                debug_assert_eq!(Some(s), self.slab_of(addr + (i << self.slab_shift)));
-                let r = &mut self.regions[ri];
-                self.slabs[s as usize].state = state::EMPTY;
-                self.slabs[s as usize].region = ri as u32;
-                push(&mut self.slabs, &mut r.empty, s);
-                r.n_empty += 1;
-            }
-            first
-        };
-        // Every slot free, and the slab's words past them 0.
+    /// Give region `ri`, whose partial list of `class` is empty, a fresh
+    /// slab of `class` as the only slab of that list, from its empty slabs
+    /// (taking more first if it has none).  Returns the slab and the index in
+    /// `bits` of its first word; the cursor stays `NO_WORD`.
+    #[inline]
+    fn new_partial(&mut self, ri: usize, class: usize) -> Result<(u32, usize), RegionError> {
+        if self.regions[ri].empty == NIL {
+            self.take_empty(ri, class)?;
+        }
         let shape = self.shapes[class];
-        shape.fill(self.bitmap_mut(sid));
-        let s = &mut self.slabs[sid as usize];
-        s.state = state::PARTIAL;
-        s.class = class as u16;
-        s.span = 0;
-        s.region = ri as u32;
-        self.partial_push(ri, class, sid);
-        Ok(sid)
+        let wps = self.wps;
+        let r = &mut self.regions[ri];
+        debug_assert!(r.sizes[class].head == NIL && r.sizes[class].word == NO_WORD);
+        let slabs = &mut self.slabs[..];
+        let sid = r.empty;
+        // Off the empty list (its head) and onto the partial list, the
+        // slab's record written once...
+        let s = &mut slabs[sid as usize];
+        let next = s.next;
+        *s = Slab { addr: s.addr, region: ri as u32, prev: NIL, next: NIL, span: 0, class: class as u16, state: state::PARTIAL };
+        if next != NIL {
+            slabs[next as usize].prev = NIL;
+        }
+        r.empty = next;
+        r.n_empty -= 1;
+        r.sizes[class].head = sid;
+        r.n_partial += 1;
+        // ...with every slot free, and the slab's words past them 0.
+        let w = 1 + sid as usize * wps; // word_index(sid, 0)
+        shape.fill(&mut self.bits[w..w + wps]);
+        Ok((sid, w))
+    }
+
+    /// Region `ri` has no empty slab: take a group of them (up to the high
+    /// watermark, contiguous, right after its last ones when possible) onto
+    /// its empty list.  `class` is the slot size that needs one (for the
+    /// error if memory is exhausted).
+    fn take_empty(&mut self, ri: usize, class: usize) -> Result<(), RegionError> {
+        let want = self.cfg.high_watermark.max(1);
+        let (addr, got) = self.take_slabs(ri, 1, want, self.slot_size(class as u16))?;
+        let first = self.slab_of(addr).expect("taken slab is mapped");
+        // Slabs of one page have consecutive indexes in the slab table.
+        let one_page = (addr & !self.page_mask) == ((addr + ((got - 1) << self.slab_shift)) & !self.page_mask);
+        // Pushed last to first, so the empty list hands them out in address
+        // order: a region filled in one pass then runs through its memory
+        // upwards, as hardware prefetchers expect, instead of backwards
+        // within each group of slabs taken together.
+        for i in (0..got).rev() {
+            let s = if one_page {
+                first + i as u32
+            } else {
+                self.slab_of(addr + (i << self.slab_shift)).expect("taken slab is mapped")
+            };
+            debug_assert_eq!(Some(s), self.slab_of(addr + (i << self.slab_shift)));
+            let r = &mut self.regions[ri];
+            self.slabs[s as usize].state = state::EMPTY;
+            self.slabs[s as usize].region = ri as u32;
+            push(&mut self.slabs, &mut r.empty, s);
+            r.n_empty += 1;
+        }
+        Ok(())
     }
 
     fn alloc_span(&mut self, ri: usize, size: usize) -> Result<usize, RegionError> {
@@ -1467,7 +1491,7 @@ impl RegionAllocator {
         while left > 0 {
             let mut sid = self.regions[ri].sizes[class].head;
             if sid == NIL {
-                sid = self.new_partial(ri, class)?;
+                sid = self.new_partial(ri, class)?.0;
             }
             let addr = self.slabs[sid as usize].addr;
             // The slab's words past its shape's are 0: no slot to take there.
@@ -1809,8 +1833,9 @@ impl InRegion<'_> {
                     let addr = (*l).base + bit as usize * slot as usize;
                     self.ra.stats.allocs += 1;
                     if rest == 0 {
+                        // Only list and cursor changes: the tables the view
+                        // holds stay where they are.
                         self.ra.cursor_exhausted(self.slot, class as usize);
-                        self.view = FastView::of(self.ra, self.slot);
                     }
                     // Slot addresses are inside pages from the source, never 0.
                     return Ok(NonNull::new_unchecked(addr as *mut u8));
