@@ -36,7 +36,7 @@ use canopy_sync::prim::Ordering;
 use core::ptr;
 // Not `canopy_sync::prim`: chunk headers are written in place in page memory,
 // never constructed, which loom's atomics cannot be (as for `report.rs`).
-use core::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 const MEDIUM_CLASSES: usize = NUM_CLASSES - SMALL_CLASSES;
 const HDR: usize = 16;
@@ -54,14 +54,18 @@ struct Chunk {
     /// the module comment) and with the owner's reads (coalescing); plain
     /// stores are the owner's, to chunks no free can claim (`set_state`).
     state: AtomicU32,
-    tag: u64,
+    /// Atomic for the same reason: a free of a chunk that the owner is
+    /// reusing (a double free racing with the reuse) reads the tag from
+    /// another thread while the owner may write it.  Relaxed: the tag only
+    /// says whether a header is a chunk's, and nothing is published with it.
+    tag: AtomicU64,
     // payload starts here; while free:
     next: *mut Chunk,
     prev: *mut Chunk,
 }
 
-// The header keeps its layout: `AtomicU32` has the size of a `u32` and the
-// alignment of its size.
+// The header keeps its layout: `AtomicU32` and `AtomicU64` have the sizes of
+// `u32` and `u64` and the alignment of their sizes.
 const _: () = assert!(core::mem::offset_of!(Chunk, tag) == 8 && core::mem::offset_of!(Chunk, next) == HDR);
 
 // The state is read and written through the raw pointer, never through a
@@ -94,6 +98,27 @@ unsafe fn state_of(c: *const Chunk) -> u32 {
 unsafe fn set_state(c: *const Chunk, s: u32) {
     // SAFETY: as in `state_of`.
     unsafe { (*c).state.store(s, Relaxed) }
+}
+
+/// Tag of the chunk header at `c`.
+///
+/// # Safety
+/// As for [`state_of`].
+#[inline]
+unsafe fn tag_at(c: *const Chunk) -> u64 {
+    // SAFETY: the header is mapped (caller); the reference covers only
+    // `tag`, which every thread accesses atomically.
+    unsafe { (*c).tag.load(Relaxed) }
+}
+
+/// Set the tag of the chunk header at `c` (the owner).
+///
+/// # Safety
+/// As for [`state_of`].
+#[inline]
+unsafe fn set_tag(c: *const Chunk, t: u64) {
+    // SAFETY: as in `tag_at`.
+    unsafe { (*c).tag.store(t, Relaxed) }
 }
 
 /// Move the state of the chunk at `c` from `from` to `to` if it is `from`;
@@ -208,7 +233,7 @@ impl Medium {
         // SAFETY: c is a chunk of ours being handed out.
         unsafe {
             set_state(c, USED);
-            (*c).tag = tag_of(c);
+            set_tag(c, tag_of(c));
             (*Medium::page_of(c as *const u8)).used += 1;
             self.live[cls - SMALL_CLASSES] += 1;
             (c as *mut u8).add(HDR)
@@ -223,7 +248,7 @@ impl Medium {
             if size >= need + HDR + 64 {
                 let r = (c as *mut u8).add(need) as *mut Chunk;
                 (*r).size = (size - need) as u32;
-                (*r).tag = tag_of(r);
+                set_tag(r, tag_of(r));
                 self.bin_push(r);
                 (*c).size = need as u32;
             }
@@ -327,7 +352,7 @@ impl Medium {
         let c = (a - HDR) as *mut Chunk;
         // SAFETY: c..c+16 lies inside the page (checked above), which is mapped.
         unsafe {
-            if (*c).tag != tag_of(c) {
+            if tag_at(c) != tag_of(c) {
                 return Err(BadFree::NotABlock);
             }
             match state_of(c) {
@@ -361,7 +386,7 @@ impl Medium {
         }
         let c = (a - HDR) as *mut Chunk;
         // SAFETY: the header lies inside the page, which is mapped.
-        unsafe { (*c).tag == tag_of(c) && state_of(c) == IN_FLIGHT }
+        unsafe { tag_at(c) == tag_of(c) && state_of(c) == IN_FLIGHT }
     }
 
     /// Usable size of a live chunk.
@@ -438,7 +463,7 @@ impl Medium {
                 let c = base.add(off) as *mut Chunk;
                 self.bin_remove(c);
                 set_state(c, 0);
-                (*c).tag = 0;
+                set_tag(c, 0);
                 off += (*c).size as usize;
             }
             if (*page).prev.is_null() {
@@ -501,7 +526,7 @@ impl Medium {
                             break;
                         }
                         self.bin_remove(n);
-                        (*n).tag = 0;
+                        set_tag(n, 0);
                         run += (*n).size as usize;
                     }
                     // Only the current page is bumped from: a run at the
@@ -509,7 +534,7 @@ impl Medium {
                     // lost until the page empties.
                     if off + run == top && page == self.current {
                         (*page).a = off as u32;
-                        (*c).tag = 0;
+                        set_tag(c, 0);
                         set_state(c, 0);
                         break;
                     }
