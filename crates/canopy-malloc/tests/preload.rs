@@ -1,5 +1,8 @@
 //! Real programs on Canopy through `LD_PRELOAD`: C programs of our own (API,
-//! threads, process lifecycle, bad frees), Python and git.
+//! threads, process lifecycle, bad frees), Python (threads, and a process
+//! pool forked while threads allocate), git, Node.js worker threads and a
+//! JVM thread pool.  A program that is not installed is skipped with a
+//! message.
 //!
 //! The shared library is taken from `CANOPY_MALLOC_LIB`, else
 //! `target/release/libcanopy_malloc.so`, else it is built with
@@ -357,4 +360,135 @@ fn git_on_a_small_repository() {
     git(&["gc", "-q"]);
     let fsck = run(Command::new("git").args(["fsck"]).current_dir(&dir), true);
     assert!(fsck.status.success(), "git fsck in check mode: {}", text(&fsck.stderr));
+}
+
+/// Whether `program --version` (or `-version`) runs; if not, say so.
+fn have(program: &str, flag: &str) -> bool {
+    let ok = Command::new(program).arg(flag).output().map(|o| o.status.success()).unwrap_or(false);
+    if !ok {
+        eprintln!("{program} not found: skipping");
+    }
+    ok
+}
+
+#[test]
+fn python_process_pool_forked_while_threads_allocate() {
+    if !have("python3", "--version") {
+        return;
+    }
+    // The pool's workers are forked (explicitly, whatever the platform's
+    // default) while four threads of the parent are allocating: each child
+    // starts with a copy of a heap that other threads were changing.
+    let script = r#"
+import multiprocessing as mp, threading
+def work(n):
+    d = {i: str(i) * 5 for i in range(n)}
+    return sum(len(v) for v in d.values()) % 1000003
+out = []
+ts = [threading.Thread(target=lambda: out.append(work(150000))) for _ in range(4)]
+[t.start() for t in ts]
+with mp.get_context("fork").Pool(3) as p:
+    r = p.map(work, [40000] * 9)
+[t.join() for t in ts]
+print(len(set(r)), r[0] == work(40000), len(out), len(set(out)))
+"#;
+    for check in [false, true] {
+        let out = run(Command::new("python3").args(["-c", script]), check);
+        assert!(out.status.success(), "python (check={check}): {}", text(&out.stderr));
+        assert_eq!(text(&out.stdout).trim(), "1 True 4 1", "python (check={check})");
+    }
+}
+
+#[test]
+fn node_worker_threads() {
+    if !have("node", "--version") {
+        return;
+    }
+    // Four V8 isolates on their own threads, each allocating buffers of
+    // many sizes (Node's buffers outside V8's heap come from malloc) and
+    // handing the last one's length back to the main thread.
+    let script = r#"
+const { Worker } = require("worker_threads");
+const body = `
+  const { parentPort } = require("worker_threads");
+  let keep = [], total = 0;
+  for (let i = 0; i < 300000; i++) {
+    const b = Buffer.alloc((i * 7919) % 4000 + 1, i & 255);
+    total += b.length;
+    keep.push(b);
+    if (keep.length > 20000) keep = keep.slice(10000);
+  }
+  parentPort.postMessage(total);
+`;
+let done = 0, sums = [];
+for (let k = 0; k < 4; k++) {
+  const w = new Worker(body, { eval: true });
+  w.on("message", (t) => { sums.push(t); if (++done == 4) console.log(new Set(sums).size, sums[0]); });
+  w.on("error", (e) => { console.error(e); process.exit(1); });
+}
+"#;
+    // Expected total: the sum of the buffer lengths, computed here.
+    let total: u64 = (0..300000u64).map(|i| (i * 7919) % 4000 + 1).sum();
+    for check in [false, true] {
+        let out = run(Command::new("node").args(["-e", script]), check);
+        assert!(out.status.success(), "node (check={check}): {}", text(&out.stderr));
+        assert_eq!(text(&out.stdout).trim(), format!("1 {total}"), "node (check={check})");
+    }
+}
+
+#[test]
+fn jvm_thread_pool() {
+    if !have("java", "-version") || !have("javac", "-version") {
+        return;
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("canopy-jvm-test");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Eight tasks on four pool threads fill and thin out hash maps; the JVM
+    // itself (class loading, JIT compiler threads, GC threads) allocates
+    // its native memory with malloc.
+    std::fs::write(
+        dir.join("Churn.java"),
+        r#"
+import java.util.*;
+import java.util.concurrent.*;
+public class Churn {
+    public static void main(String[] args) throws Exception {
+        ExecutorService ex = Executors.newFixedThreadPool(4);
+        List<Future<Integer>> fs = new ArrayList<>();
+        for (int t = 0; t < 8; t++) {
+            fs.add(ex.submit(() -> {
+                Map<String, int[]> m = new HashMap<>();
+                for (int i = 0; i < 200000; i++) {
+                    m.put("k" + i, new int[i % 64]);
+                    if (i % 3 == 0) m.remove("k" + (i / 2));
+                }
+                return m.size();
+            }));
+        }
+        Set<Integer> sizes = new HashSet<>();
+        for (Future<Integer> f : fs) sizes.add(f.get());
+        ex.shutdown();
+        System.out.println(sizes.size() + " " + sizes.iterator().next());
+    }
+}
+"#,
+    )
+    .unwrap();
+    // javac is a Java program too: compile under Canopy.
+    let out = run(Command::new("javac").arg("Churn.java").current_dir(&dir), false);
+    assert!(out.status.success(), "javac: {}", text(&out.stderr));
+    let mut expect = None;
+    for check in [false, true] {
+        let out = run(Command::new("java").args(["-Xmx256m", "-cp", "."]).arg("Churn").current_dir(&dir), check);
+        assert!(out.status.success(), "java (check={check}): {}", text(&out.stderr));
+        let got = text(&out.stdout).trim().to_owned();
+        assert!(got.starts_with("1 "), "java (check={check}): every task must end with the same map size: {got}");
+        // The same answer in both modes (and it is not 0).
+        assert_ne!(got, "1 0");
+        if let Some(e) = &expect {
+            assert_eq!(&got, e, "java: the two modes disagree");
+        }
+        expect = Some(got);
+    }
 }
