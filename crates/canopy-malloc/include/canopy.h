@@ -165,6 +165,43 @@ size_t canopy_region_pack(canopy_rid_t region, canopy_run_t *runs, size_t cap);
 /* The message of the calling thread's last failed region call ("" if none). */
 const char *canopy_region_error(void);
 
+/*
+ * Sessions: many allocations in one region by one thread, without the lock
+ * and the region check on every call.
+ *
+ *   canopy_session_t s = canopy_region_begin(r);
+ *   for (i = 0; i < n; i++) nodes[i] = canopy_session_alloc(s, sizeof *nodes[i]);
+ *   canopy_region_end(s);
+ *
+ * canopy_region_begin takes the region lock and checks the region once; until
+ * canopy_region_end, canopy_session_alloc allocates in it (as
+ * canopy_region_alloc does, aligned the same way) and canopy_session_free
+ * frees any region object, neither taking the lock.  Meanwhile other threads'
+ * region calls (and their fork()) wait, so keep sessions short.  A session
+ * belongs to the thread that began it: a call with its handle from another
+ * thread, or after the end, fails with EINVAL; so does any other region call
+ * on that thread while its session is open (it would wait for its own lock).
+ * A thread that ends with its session open ends it (with a message on
+ * stderr).  fork() inside a session keeps it open in parent and child.
+ */
+
+/* A session handle: non-zero, never reused. */
+typedef uint64_t canopy_session_t;
+
+/* Begin a session in `region`.  0 on error (unknown or freed region, or this
+ * thread already has a session open). */
+canopy_session_t canopy_region_begin(canopy_rid_t region);
+
+/* Allocate `size` bytes in the session's region.  NULL on error. */
+void *canopy_session_alloc(canopy_session_t s, size_t size);
+
+/* Free one region object (of any region) within the session.  NULL is
+ * ignored.  0, or -1 on error. */
+int canopy_session_free(canopy_session_t s, void *p);
+
+/* End the session and release the lock.  0, or -1 on error. */
+int canopy_region_end(canopy_session_t s);
+
 #ifdef __cplusplus
 }
 #endif

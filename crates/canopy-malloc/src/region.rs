@@ -204,3 +204,55 @@ pub struct CanopyRun {
 pub extern "C" fn canopy_region_error() -> *const c_char {
     LAST_ERROR.try_with(|l| l.borrow().as_ptr()).unwrap_or(c"".as_ptr())
 }
+
+/// See `canopy.h`.
+#[no_mangle]
+pub extern "C" fn canopy_region_begin(region: u64) -> u64 {
+    match id_arg(region).and_then(global::session_begin) {
+        Ok(s) => s,
+        Err(e) => {
+            fail(e);
+            0
+        }
+    }
+}
+
+/// See `canopy.h`.
+#[no_mangle]
+pub extern "C" fn canopy_session_alloc(s: u64, size: size_t) -> *mut c_void {
+    match global::session_alloc(s, size) {
+        Ok(p) => p.as_ptr().cast(),
+        Err(e) => {
+            fail(e);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// See `canopy.h`.
+///
+/// # Safety
+/// As for `canopy_region_free`.
+#[no_mangle]
+pub unsafe extern "C" fn canopy_session_free(s: u64, p: *mut c_void) -> c_int {
+    let Some(p) = NonNull::new(p.cast::<u8>()) else { return 0 };
+    match global::session_free(s, p) {
+        Ok(()) => 0,
+        Err(e) => {
+            fail(e);
+            -1
+        }
+    }
+}
+
+/// See `canopy.h`.
+#[no_mangle]
+pub extern "C" fn canopy_region_end(s: u64) -> c_int {
+    match global::session_end(s) {
+        Ok(()) => 0,
+        Err(e) => {
+            fail(e);
+            -1
+        }
+    }
+}

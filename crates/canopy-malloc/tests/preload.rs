@@ -171,6 +171,18 @@ fn c_region_api_linked() {
     assert!(!out.status.success() && text(&out.stderr).contains("lent to a region allocator"), "check mode aborts: {}", text(&out.stderr));
 }
 
+#[test]
+fn c_region_sessions_linked() {
+    let exe = compile_linked("sessions");
+    for check in ["0", "1"] {
+        // As for `regions`: the rpath alone picks the library.
+        let out = Command::new(&exe).env_remove("LD_LIBRARY_PATH").env("CANOPY_CHECK", check).output().expect("run sessions");
+        expect_ok(&out, "sessions ok", &format!("sessions (CANOPY_CHECK={check})"));
+        let err = text(&out.stderr);
+        assert!(err.contains("a thread ended with region session") && err.contains("the session is ended"), "stderr: {err}");
+    }
+}
+
 /// Run one case of `edges.c` (linked, like `regions`) in both modes.
 fn edge_case(case: &str) {
     let exe = {

@@ -51,6 +51,10 @@ pub enum RegionError {
     Unpack(String),
     /// A packed message is malformed.
     Malformed(String),
+    /// A session of the process-wide allocator ([`crate::global`]) was
+    /// misused: not open, open on another thread, or a call that would wait
+    /// for the lock this thread's own open session holds.
+    Session(String),
 }
 
 impl fmt::Display for RegionError {
@@ -74,6 +78,7 @@ impl fmt::Display for RegionError {
             RegionError::BadConfig(m) => write!(f, "bad region configuration: {m}"),
             RegionError::Unpack(m) => write!(f, "cannot unpack: {m}"),
             RegionError::Malformed(m) => write!(f, "malformed packed region: {m}"),
+            RegionError::Session(m) => write!(f, "region session: {m}"),
         }
     }
 }
