@@ -138,9 +138,13 @@ pub(crate) const NO_WORD: u32 = 0;
 /// allocation cursor into that head.
 ///
 /// Invariant: `word == NO_WORD`, or `word` is a bitmap word of slab `head`
-/// with at least one free slot and `base` is the address of that word's
-/// slot 0.  Any change of the head resets the cursor (`reset_cursor`); the
-/// slow path sets it again.
+/// and `base` is the address of that word's slot 0.  The word may have no
+/// free slot left: the fast path takes the last slot of a word and leaves
+/// the cursor there, and the next allocation of the slot size (the slow
+/// path, which finds the word empty) moves it on (`cursor_exhausted`).  So
+/// the head of a partial list may be full while the cursor is on one of its
+/// words; every other partial slab has a free slot.  Any change of the head
+/// resets the cursor; the slow path sets it again.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SizeList {
     /// Address of slot 0 of the cursor word.
@@ -799,12 +803,11 @@ impl RegionAllocator {
         // SAFETY: a cursor is NO_WORD (index 0) or a word of a slab in the
         // table (`SizeList` invariant); `bits` holds both.
         let word = unsafe { &mut *self.bits.as_mut_ptr().add(l.word as usize) };
-        let (bit, exhausted) = slab::take_lowest(word)?;
+        // A word emptied here keeps the cursor: the next allocation of this
+        // slot size moves it on (`alloc_small`).
+        let (bit, _) = slab::take_lowest(word)?;
         self.stats.allocs += 1;
         let addr = l.base + bit as usize * slot;
-        if exhausted {
-            self.cursor_exhausted(s, class);
-        }
         // SAFETY: slot addresses are inside pages from the source, never 0.
         Some(unsafe { NonNull::new_unchecked(addr as *mut u8) })
     }
@@ -847,11 +850,28 @@ impl RegionAllocator {
         Ok(unsafe { NonNull::new_unchecked(a as *mut u8) })
     }
 
-    /// A slot of `class` for region `ri` when its cursor is `NO_WORD`: set
-    /// the cursor on the head of the partial list and take a slot from it,
-    /// or take slot 0 of a new slab if the list is empty.
+    /// A slot of `class` for region `ri` when the fast path found none: the
+    /// cursor is `NO_WORD`, or on the word the fast path emptied, which moves
+    /// it on first.  Then: a slot of the cursor's word; or the cursor set
+    /// on the head of the partial list and a slot from it; or slot 0 of a new
+    /// slab if the list is empty.  The word a slot is taken from keeps the
+    /// cursor even if that empties it, as on the fast path.
     fn alloc_small(&mut self, ri: usize, class: usize) -> Result<usize, RegionError> {
         debug_assert!(class > 0 && class < self.shapes.len());
+        let w = self.regions[ri].sizes[class].word;
+        if w != NO_WORD {
+            // (A cursor with a free slot comes here for a size-0 request,
+            // whose class is the smallest one's but not on its fast path.)
+            if self.bits[w as usize] == 0 {
+                self.cursor_exhausted(ri, class);
+            }
+            let l = self.regions[ri].sizes[class];
+            if l.word != NO_WORD {
+                let (bit, _) =
+                    slab::take_lowest(&mut self.bits[l.word as usize]).expect("a cursor set on a word has a free slot");
+                return Ok(l.base + bit as usize * self.slot_size(class as u16));
+            }
+        }
         let sid = self.regions[ri].sizes[class].head;
         if sid == NIL {
             // A fresh slab: every slot free, so slot 0 (bit 0 of word 0)
@@ -861,13 +881,9 @@ impl RegionAllocator {
             let word = &mut self.bits[w];
             debug_assert!(*word & 1 == 1, "a fresh slab has slot 0 free");
             *word &= !1;
-            let rest = *word;
             let l = &mut self.regions[ri].sizes[class];
             l.word = w as u32;
             l.base = addr;
-            if rest == 0 {
-                self.cursor_exhausted(ri, class);
-            }
             return Ok(addr);
         }
         debug_assert!(
@@ -878,13 +894,8 @@ impl RegionAllocator {
         );
         self.set_cursor(ri, class, sid);
         let l = self.regions[ri].sizes[class];
-        let (bit, exhausted) =
-            slab::take_lowest(&mut self.bits[l.word as usize]).expect("a partial slab has a free slot");
-        let addr = l.base + bit as usize * self.slot_size(class as u16);
-        if exhausted {
-            self.cursor_exhausted(ri, class);
-        }
-        Ok(addr)
+        let (bit, _) = slab::take_lowest(&mut self.bits[l.word as usize]).expect("a partial slab has a free slot");
+        Ok(l.base + bit as usize * self.slot_size(class as u16))
     }
 
     /// Point the cursor of (`ri`, `class`) at the first word of slab `sid`
@@ -913,12 +924,11 @@ impl RegionAllocator {
 
     /// The cursor word of (`ri`, `class`) has no free slot left: move the
     /// cursor to another word of the head slab, or move the slab, now full,
-    /// to the full list and the cursor on to the next partial slab, so the
-    /// next allocation stays on the fast path.  With no partial slab left
-    /// the cursor is `NO_WORD`: the slow path makes one (a partial slab
-    /// always has a live object, so it is not made before it is needed).
-    /// It only relinks slabs and moves the cursor: the slab, bitmap and
-    /// region tables stay where they are (`InRegion` keeps its view).
+    /// to the full list and the cursor on to the next partial slab.  With no
+    /// partial slab left the cursor is `NO_WORD`: the slow path makes one (a
+    /// partial slab always has a live object, so it is not made before it is
+    /// needed).  It only relinks slabs and moves the cursor: the slab, bitmap
+    /// and region tables stay where they are.
     #[cold]
     #[inline(never)]
     fn cursor_exhausted(&mut self, ri: usize, class: usize) {
@@ -948,6 +958,12 @@ impl RegionAllocator {
     /// Put slab `sid` at the head of the partial list of (`ri`, `class`)
     /// (the cursor moves to it on the next allocation).
     pub(crate) fn partial_push(&mut self, ri: usize, class: usize, sid: u32) {
+        // A head the fast path filled goes to the full list first: below
+        // the head every partial slab has a free slot.
+        let w = self.regions[ri].sizes[class].word;
+        if w != NO_WORD && self.bits[w as usize] == 0 {
+            self.cursor_exhausted(ri, class);
+        }
         let r = &mut self.regions[ri];
         let l = &mut r.sizes[class];
         push(&mut self.slabs, &mut l.head, sid);
@@ -1537,6 +1553,9 @@ impl RegionAllocator {
                 x = sl.next;
             }
         }
+        // A head the fast path filled is still on its partial list until the
+        // next allocation of its slot size moves it: count it as full.
+        let filled = r.sizes.iter().filter(|l| l.word != NO_WORD && self.bits[l.word as usize] == 0 && self.free_count(l.head) == 0).count() as u32;
         Ok(RegionStats {
             id: rid,
             parent: if s == 0 { None } else { Some(self.rid(r.parent)) },
@@ -1545,8 +1564,8 @@ impl RegionAllocator {
             children: r.children,
             objects,
             bytes,
-            full_slabs: r.n_full,
-            partial_slabs: r.n_partial,
+            full_slabs: r.n_full + filled,
+            partial_slabs: r.n_partial - filled,
             empty_slabs: r.n_empty,
             span_slabs: r.n_span_slabs,
         })
@@ -1646,7 +1665,14 @@ impl RegionAllocator {
                             let shape = self.shapes[c];
                             shape.fill(&mut all_free);
                             let stray = self.bitmap(x).iter().zip(&all_free).any(|(&b, &m)| b & !m != 0);
-                            if stray || free >= shape.slots || (want == state::FULL) != (free == 0) || s.span != 0 {
+                            // The head of a partial list may be full while the
+                            // cursor is on its emptied word (see `SizeList`).
+                            let filled_head = want == state::PARTIAL && prev == NIL && class.is_some_and(|k| {
+                                let w = r.sizes[k].word;
+                                w != NO_WORD && self.bits[w as usize] == 0
+                            });
+                            let full_ok = (want == state::FULL) == (free == 0) || (filled_head && free == 0);
+                            if stray || free >= shape.slots || !full_ok || s.span != 0 {
                                 return Err(format!("slab {:#x} ({}): {free} of {} slots free", s.addr, if want == state::FULL { "full" } else { "partial" }, shape.slots));
                             }
                             if want == state::PARTIAL { np += 1 } else { nf += 1 }
@@ -1680,12 +1706,13 @@ impl RegionAllocator {
                     continue;
                 }
                 let w = (l.word as usize).wrapping_sub(self.word_index(l.head, 0));
+                // The word may be empty: the fast path leaves the cursor on the
+                // word it emptied, for the next allocation to move.
                 let ok = l.head != NIL
                     && w < self.wps
-                    && self.bits[l.word as usize] != 0
                     && l.base == self.slabs[l.head as usize].addr + w * 64 * self.slot_size(c as u16);
                 if !ok {
-                    return Err(format!("region slot {si}, class {c}: the cursor is not on a free word of the partial head"));
+                    return Err(format!("region slot {si}, class {c}: the cursor is not on a word of the partial head"));
                 }
             }
             walk(r.full, state::FULL, None)?;
@@ -1829,21 +1856,18 @@ impl InRegion<'_> {
                 let l = v.sizes.add(class as usize);
                 let word = v.bits.add((*l).word as usize);
                 if let Some((rest, bit)) = slab::take_lowest_bits(*word) {
+                    // A word emptied here keeps the cursor (see `SizeList`).
                     *word = rest;
                     let addr = (*l).base + bit as usize * slot as usize;
                     self.ra.stats.allocs += 1;
-                    if rest == 0 {
-                        // Only list and cursor changes: the tables the view
-                        // holds stay where they are.
-                        self.ra.cursor_exhausted(self.slot, class as usize);
-                    }
                     // Slot addresses are inside pages from the source, never 0.
                     return Ok(NonNull::new_unchecked(addr as *mut u8));
                 }
                 class as usize
             };
-            // A slot size with no cursor (class 0 is size 0, for the slow
-            // path): a partial slab, or a new one, straight away.
+            // A slot size whose cursor word is empty or `NO_WORD` (class 0 is
+            // size 0, for the slow path): the next word, a partial slab, or a
+            // new one, straight away.
             if class != 0 {
                 let r = self.ra.alloc_small(self.slot, class);
                 self.view = FastView::of(self.ra, self.slot);

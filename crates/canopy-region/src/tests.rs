@@ -76,6 +76,46 @@ fn in_region_allocates_like_alloc_and_refuses_dead_regions() {
     assert!(matches!(ra.in_region(RegionId::from_raw(0xdead_0001).unwrap()), Err(RegionError::UnknownRegion(_))));
 }
 
+/// The fast path leaves the cursor on the word it empties (the next
+/// allocation of the slot size moves it): a slab filled that way is still the
+/// head of its partial list, but counts as full, and a slab that comes back
+/// to the partial list, or a free into the filled slab, sorts it out.
+#[test]
+fn a_slab_filled_on_the_fast_path_counts_as_full_until_the_cursor_moves() {
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    // 64 B slots: one bitmap word, 64 slots, per 4 KiB slab.
+    let per = ra.config().slab_size / 64;
+    let mut inr = ra.in_region(r).unwrap();
+    let a: Vec<_> = (0..per).map(|_| inr.alloc(64).unwrap()).collect();
+    let st = inr.allocator().region_stats(r).unwrap();
+    assert_eq!((st.full_slabs, st.partial_slabs, st.objects), (1, 0, per as u64));
+    inr.allocator().check().unwrap();
+    // A free into the filled head: its slot is the next one handed out.
+    inr.free(a[10]).unwrap();
+    assert_eq!(inr.allocator().region_stats(r).unwrap().partial_slabs, 1);
+    assert_eq!(inr.alloc(64).unwrap(), a[10]);
+    // A second slab, filled the same way; then a slot of the first (now on
+    // the full list) is freed, which puts it back at the head of the partial
+    // list: the filled second slab goes to the full list first.
+    let b: Vec<_> = (0..per).map(|_| inr.alloc(64).unwrap()).collect();
+    let st = inr.allocator().region_stats(r).unwrap();
+    assert_eq!((st.full_slabs, st.partial_slabs), (2, 0));
+    inr.free(a[3]).unwrap();
+    inr.allocator().check().unwrap();
+    let st = inr.allocator().region_stats(r).unwrap();
+    assert_eq!((st.full_slabs, st.partial_slabs), (1, 1));
+    assert_eq!(inr.alloc(64).unwrap(), a[3]);
+    // By id too, and a size-0 request next to a live cursor.
+    drop(inr);
+    let c = ra.alloc(64, r).unwrap();
+    assert!(!a.contains(&c) && !b.contains(&c));
+    ra.alloc(0, r).unwrap();
+    ra.check().unwrap();
+    assert_eq!(ra.region_stats(r).unwrap().objects, 2 * per as u64 + 2);
+    ra.rfree(r).unwrap();
+}
+
 #[test]
 fn in_region_keeps_allocating_right_while_the_allocator_grows() {
     // `InRegion` keeps raw views of the allocator's tables; growing (new
