@@ -220,6 +220,16 @@ pub extern "C" fn canopy_region_begin(region: u64) -> u64 {
 /// See `canopy.h`.
 #[no_mangle]
 pub extern "C" fn canopy_session_alloc(s: u64, size: size_t) -> *mut c_void {
+    // The fast path has no call in it, so no stack frame; the rest is out of line.
+    match global::session_alloc_fast(s, size) {
+        Some(p) => p.as_ptr().cast(),
+        None => session_alloc_rest(s, size),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn session_alloc_rest(s: u64, size: size_t) -> *mut c_void {
     match global::session_alloc(s, size) {
         Ok(p) => p.as_ptr().cast(),
         Err(e) => {

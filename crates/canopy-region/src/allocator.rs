@@ -1839,6 +1839,19 @@ impl InRegion<'_> {
     /// [`RegionAllocator::alloc`] does.
     #[inline]
     pub fn alloc(&mut self, size: usize) -> Result<NonNull<u8>, RegionError> {
+        match self.alloc_fast(size) {
+            Some(p) => Ok(p),
+            None => self.alloc_refill(size),
+        }
+    }
+
+    /// The fast path of [`alloc`](Self::alloc) alone, with no call in it: a
+    /// slot of the cursor word of the size's slot size, or `None` (no free
+    /// slot under the cursor, size 0, or a size above a slab) for
+    /// [`alloc_refill`](Self::alloc_refill).  A caller that keeps the two
+    /// apart (the C session) keeps the fast path free of a stack frame.
+    #[inline(always)]
+    pub(crate) fn alloc_fast(&mut self, size: usize) -> Option<NonNull<u8>> {
         let v = self.view;
         debug_assert!(
             core::ptr::eq(v.bits, self.ra.bits.as_ptr()) && core::ptr::eq(v.sizes, self.ra.regions[self.slot].sizes.as_ptr()),
@@ -1846,30 +1859,36 @@ impl InRegion<'_> {
         );
         // As `RegionAllocator::take_slot`, through the view.
         let g = size.wrapping_add(15) >> 4;
-        if g < v.by16_len {
-            // SAFETY: g < by16_len; the view is current (taken again after
-            // every call into the allocator); class < classes = the region's
-            // `sizes` length; a cursor word index is NO_WORD or a word of a
-            // slab in `bits` (`SizeList` invariant).
-            let class = unsafe {
-                let SlotOf { class, size: slot } = *v.by16.add(g);
-                let l = v.sizes.add(class as usize);
-                let word = v.bits.add((*l).word as usize);
-                if let Some((rest, bit)) = slab::take_lowest_bits(*word) {
-                    // A word emptied here keeps the cursor (see `SizeList`).
-                    *word = rest;
-                    let addr = (*l).base + bit as usize * slot as usize;
-                    self.ra.stats.allocs += 1;
-                    // Slot addresses are inside pages from the source, never 0.
-                    return Ok(NonNull::new_unchecked(addr as *mut u8));
-                }
-                class as usize
-            };
-            // A slot size whose cursor word is empty or `NO_WORD` (class 0 is
-            // size 0, for the slow path): the next word, a partial slab, or a
-            // new one, straight away.
+        if g >= v.by16_len {
+            return None;
+        }
+        // SAFETY: g < by16_len; the view is current (taken again after every
+        // call into the allocator); class < classes = the region's `sizes`
+        // length; a cursor word index is NO_WORD or a word of a slab in
+        // `bits` (`SizeList` invariant).
+        unsafe {
+            let SlotOf { class, size: slot } = *v.by16.add(g);
+            let l = v.sizes.add(class as usize);
+            let word = v.bits.add((*l).word as usize);
+            let (rest, bit) = slab::take_lowest_bits(*word)?;
+            // A word emptied here keeps the cursor (see `SizeList`).
+            *word = rest;
+            let addr = (*l).base + bit as usize * slot as usize;
+            self.ra.stats.allocs += 1;
+            // Slot addresses are inside pages from the source, never 0.
+            Some(NonNull::new_unchecked(addr as *mut u8))
+        }
+    }
+
+    /// [`alloc`](Self::alloc) when [`alloc_fast`](Self::alloc_fast) found
+    /// no slot: the next word, a partial slab, or a new one for a slot size
+    /// (class 0 is size 0, which goes the slow way), or a spanning object.
+    #[inline]
+    pub(crate) fn alloc_refill(&mut self, size: usize) -> Result<NonNull<u8>, RegionError> {
+        let g = size.wrapping_add(15) >> 4;
+        if let Some(&SlotOf { class, .. }) = self.ra.by16.get(g) {
             if class != 0 {
-                let r = self.ra.alloc_small(self.slot, class);
+                let r = self.ra.alloc_small(self.slot, class as usize);
                 self.view = FastView::of(self.ra, self.slot);
                 let a = r?;
                 self.ra.stats.allocs += 1;

@@ -239,7 +239,35 @@ fn not_open(handle: u64) -> RegionError {
 /// [`RegionAllocator::alloc`] does, without the lock or the id check.
 #[inline(always)]
 pub fn session_alloc(handle: u64, size: usize) -> Result<NonNull<u8>, RegionError> {
-    session(handle)?.alloc(size)
+    match session_alloc_fast(handle, size) {
+        Some(p) => Ok(p),
+        None => session_alloc_refill(handle, size),
+    }
+}
+
+/// The fast path of [`session_alloc`] alone, with no call in it: an object
+/// if `handle` is this thread's open session and the size's slot size has a
+/// free slot under its cursor; `None` otherwise (then [`session_alloc`]
+/// does the rest, or says what was wrong).
+#[inline(always)]
+pub fn session_alloc_fast(handle: u64, size: usize) -> Option<NonNull<u8>> {
+    if !in_own_session() {
+        return None;
+    }
+    // SAFETY: this thread owns the open session, so it holds the lock and is
+    // the only one to reach `session`.
+    let open = unsafe { (*GLOBAL.session.get()).as_mut()? };
+    if open.handle != handle {
+        return None;
+    }
+    open.inr.alloc_fast(size)
+}
+
+/// [`session_alloc`] past its fast path, out of line.
+#[cold]
+#[inline(never)]
+fn session_alloc_refill(handle: u64, size: usize) -> Result<NonNull<u8>, RegionError> {
+    session(handle)?.alloc_refill(size)
 }
 
 /// Free one object (of any region) within the session.
