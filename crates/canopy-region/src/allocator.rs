@@ -863,6 +863,9 @@ impl RegionAllocator {
             // (A cursor with a free slot comes here for a size-0 request,
             // whose class is the smallest one's but not on its fast path.)
             if self.bits[w as usize] == 0 {
+                if let Some(addr) = self.swap_filled_head(ri, class) {
+                    return Ok(addr);
+                }
                 self.cursor_exhausted(ri, class);
             }
             let l = self.regions[ri].sizes[class];
@@ -896,6 +899,64 @@ impl RegionAllocator {
         let l = self.regions[ri].sizes[class];
         let (bit, _) = slab::take_lowest(&mut self.bits[l.word as usize]).expect("a partial slab has a free slot");
         Ok(l.base + bit as usize * self.slot_size(class as u16))
+    }
+
+    /// The common case of a region growing through one slot size, in one
+    /// step: the head of the partial list of (`ri`, `class`) is a slab of one
+    /// bitmap word that the fast path filled, it is the only partial slab,
+    /// and the region has an empty slab at hand.  The head goes to the full
+    /// list, the empty slab becomes the head with every slot free but slot
+    /// 0, which is returned, and the cursor goes on its word.  `None`, with
+    /// nothing changed, in any other case (`cursor_exhausted` and the general
+    /// path then do the same in several steps).
+    #[inline]
+    fn swap_filled_head(&mut self, ri: usize, class: usize) -> Option<usize> {
+        let shape = self.shapes[class];
+        let wps = self.wps;
+        let r = &mut self.regions[ri];
+        let old = r.sizes[class].head;
+        let new = r.empty;
+        if shape.words != 1 || new == NIL || old == NIL {
+            return None;
+        }
+        let slabs = &mut self.slabs[..];
+        if slabs[old as usize].next != NIL {
+            return None;
+        }
+        debug_assert!(slabs[old as usize].state == state::PARTIAL && slabs[old as usize].prev == NIL);
+        debug_assert_eq!(self.bits[1 + old as usize * wps], 0, "swap_filled_head: the head has a free slot");
+        // The filled head onto the full list.
+        let full = r.full;
+        let o = &mut slabs[old as usize];
+        o.next = full;
+        o.state = state::FULL;
+        if full != NIL {
+            slabs[full as usize].prev = old;
+        }
+        r.full = old;
+        r.n_full += 1;
+        // The first empty slab off its list, as the partial list's only slab.
+        let s = &mut slabs[new as usize];
+        let next = s.next;
+        let addr = s.addr;
+        *s = Slab { addr, region: ri as u32, prev: NIL, next: NIL, span: 0, class: class as u16, state: state::PARTIAL };
+        if next != NIL {
+            slabs[next as usize].prev = NIL;
+        }
+        r.empty = next;
+        r.n_empty -= 1;
+        // Every slot free but slot 0, the slab's other words 0.
+        let w = 1 + new as usize * wps; // word_index(new, 0)
+        let words = &mut self.bits[w..w + wps];
+        words[0] = shape.last_full & !1;
+        for x in &mut words[1..] {
+            *x = 0;
+        }
+        let l = &mut r.sizes[class];
+        l.head = new;
+        l.word = w as u32;
+        l.base = addr;
+        Some(addr)
     }
 
     /// Point the cursor of (`ri`, `class`) at the first word of slab `sid`
