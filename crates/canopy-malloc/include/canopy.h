@@ -182,14 +182,18 @@ const char *canopy_region_error(void);
  * thread, or after the end, fails with EINVAL; so does any other region call
  * on that thread while its session is open (it would wait for its own lock).
  * A thread that ends with its session open ends it (with a message on
- * stderr).  fork() inside a session keeps it open in parent and child.
+ * stderr), through a pthread key destructor: also a session begun while the
+ * thread ends, in a thread_local or key destructor.  exit() runs no key
+ * destructors: the caller's session stays open while the process ends.
+ * fork() inside a session keeps it open in parent and child.
  */
 
 /* A session handle: non-zero, never reused. */
 typedef uint64_t canopy_session_t;
 
-/* Begin a session in `region`.  0 on error (unknown or freed region, or this
- * thread already has a session open). */
+/* Begin a session in `region`.  0 on error (unknown or freed region, this
+ * thread already has a session open, or no pthread key is left for the hook
+ * that ends it with the thread). */
 canopy_session_t canopy_region_begin(canopy_rid_t region);
 
 /* Allocate `size` bytes in the session's region.  NULL on error. */

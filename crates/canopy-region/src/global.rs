@@ -13,7 +13,13 @@
 //! thread other than the one that began it, and any other call of this
 //! module on the session's own thread (it would wait for the lock its own
 //! session holds).  A thread that ends while its session is open ends the
-//! session (with a message on stderr), so the lock is not lost with it.
+//! session (with a message on stderr), so the lock is not lost with it: a
+//! `pthread_key_t` destructor does it, which runs after the thread's
+//! thread-local destructors, so this holds for a session begun in one of
+//! those too (or in a key destructor, within the system's
+//! `PTHREAD_DESTRUCTOR_ITERATIONS` rounds).  `exit()` runs no key
+//! destructors: the session of the thread that calls it stays open while the
+//! process ends.
 //!
 //! The lock is held across `fork()` (taken in the prepare handler, released
 //! in the parent and reset in the child), so a child of a multithreaded
@@ -151,37 +157,88 @@ pub fn with<R>(f: impl FnOnce(&mut RegionAllocator) -> R) -> Result<R, RegionErr
     Ok(f(ra))
 }
 
-/// Ends a session left open by a thread that is ending.
-struct ExitGuard;
+/// The `pthread_key_t` (plus one; 0 until made) whose destructor ends a
+/// session left open by a thread that is ending.  A key rather than a
+/// `thread_local!`: key destructors run after every thread-local destructor,
+/// and again (up to `PTHREAD_DESTRUCTOR_ITERATIONS` rounds) for a key set by
+/// an earlier destructor, so a session begun while the thread is ending (in
+/// a thread-local or key destructor) is ended too; a `thread_local!` guard
+/// first touched then, or already destroyed, never runs.  Made by one
+/// compare-exchange: no "being made" state a `fork()` could leave behind.
+static EXIT_KEY: AtomicUsize = AtomicUsize::new(0);
 
-impl Drop for ExitGuard {
-    fn drop(&mut self) {
-        if in_own_session() {
-            // SAFETY: this thread owns the session, so it holds the lock.
-            let h = unsafe { (*GLOBAL.session.get()).as_ref().map_or(0, |o| o.handle) };
-            canopy_sys::write_stderr(
-                format!("canopy: a thread ended with region session {h} open; the session is ended\n").as_bytes(),
-            );
-            let _ = session_end(h);
+fn exit_key() -> Option<libc::pthread_key_t> {
+    let k = EXIT_KEY.load(Ordering::Acquire);
+    if k != 0 {
+        return Some((k - 1) as libc::pthread_key_t);
+    }
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: `key` is a valid place for the new key; the destructor is an
+    // `extern "C"` function valid for the life of the process.
+    if unsafe { libc::pthread_key_create(&mut key, Some(end_at_thread_exit)) } != 0 {
+        return None;
+    }
+    match EXIT_KEY.compare_exchange(0, key as usize + 1, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Some(key),
+        Err(other) => {
+            // Another thread made one first: ours was never set on any thread.
+            // SAFETY: `key` came from pthread_key_create above.
+            unsafe { libc::pthread_key_delete(key) };
+            Some((other - 1) as libc::pthread_key_t)
         }
     }
 }
 
-thread_local! {
-    static EXIT_GUARD: ExitGuard = const { ExitGuard };
+/// A fixed buffer for a message written without allocating (the thread is
+/// ending: its heap may already be given back).
+struct StackMessage {
+    buf: [u8; 128],
+    len: usize,
+}
+
+impl core::fmt::Write for StackMessage {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        let n = s.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+/// The key destructor: ends the session of a thread that is ending.
+extern "C" fn end_at_thread_exit(_: *mut libc::c_void) {
+    if in_own_session() {
+        // SAFETY: this thread owns the session, so it holds the lock.
+        let h = unsafe { (*GLOBAL.session.get()).as_ref().map_or(0, |o| o.handle) };
+        let mut m = StackMessage { buf: [0; 128], len: 0 };
+        let _ = core::fmt::Write::write_fmt(
+            &mut m,
+            format_args!("canopy: a thread ended with region session {h} open; the session is ended\n"),
+        );
+        canopy_sys::write_stderr(&m.buf[..m.len]);
+        let _ = session_end(h);
+    }
 }
 
 /// Begin a session: allocation in region `rid` by this thread, with the
 /// region lock held until [`session_end`].  Returns the session's handle.
-/// Fails if the region does not exist or is freed, or this thread already
-/// has a session open.
+/// Fails if the region does not exist or is freed, this thread already
+/// has a session open, or the thread-exit hook cannot be set (no
+/// `pthread_key_t` left).
 pub fn session_begin(rid: RegionId) -> Result<u64, RegionError> {
     if in_own_session() {
         return Err(busy_here());
     }
-    // Registered before the lock is taken: the guard's destructor is what
-    // ends a session whose thread forgot to.
-    let _ = EXIT_GUARD.try_with(|_| ());
+    // Set before the lock is taken (it may allocate): the key's destructor
+    // is what ends a session whose thread forgot to.  Without it a session
+    // could outlive its thread and keep the lock, so none is begun.
+    let armed = exit_key().is_some_and(|key| {
+        // SAFETY: `key` is a live key; the value is only a non-null marker.
+        unsafe { libc::pthread_setspecific(key, NonNull::<u8>::dangling().as_ptr().cast()) == 0 }
+    });
+    if !armed {
+        return Err(RegionError::Session("cannot set the hook that ends the session if this thread ends".into()));
+    }
     // SAFETY: on success the reference lives in the session's `InRegion`,
     // which `session_end` drops before it releases the lock (and nothing but
     // the session's thread reaches it meanwhile); on failure the lock is

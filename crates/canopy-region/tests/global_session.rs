@@ -71,3 +71,38 @@ fn a_thread_that_ends_inside_its_session_gives_the_lock_back() {
     assert_eq!(n, 1);
     global::with(|ra| ra.rfree(r)).unwrap().unwrap();
 }
+
+#[test]
+fn a_session_begun_in_a_thread_local_destructor_is_ended_too() {
+    struct Late(RegionId);
+    impl Drop for Late {
+        fn drop(&mut self) {
+            // Begun as the thread ends, after any earlier session's hook
+            // could have run, and never ended.
+            if let Ok(s) = global::session_begin(self.0) {
+                let _ = global::session_alloc(s, 32);
+            }
+        }
+    }
+    thread_local! {
+        static LATE: std::cell::Cell<Option<Late>> = const { std::cell::Cell::new(None) };
+    }
+    let r = global::with(|ra| ra.ralloc(RegionId::ROOT, 0)).unwrap().unwrap();
+    std::thread::spawn(move || {
+        // `Late` first, then a session: whatever the session set up for
+        // this thread's end after `Late` is in place may be gone by the time
+        // `Late` is dropped.
+        LATE.with(|l| l.set(Some(Late(r))));
+        let s = global::session_begin(r).unwrap();
+        global::session_end(s).unwrap();
+    })
+    .join()
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(global::with(|ra| ra.region_stats(r).map(|st| st.objects)).unwrap().unwrap());
+    });
+    let n = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the region lock was lost with a thread that ended");
+    assert_eq!(n, 1);
+    global::with(|ra| ra.rfree(r)).unwrap().unwrap();
+}

@@ -3,6 +3,7 @@
  * success; a failure prints what and exits 1. */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -48,6 +49,35 @@ static void *forget_to_end(void *arg) {
     CHECK(s != 0);
     CHECK(canopy_session_alloc(s, 40) != NULL);
     return (void *)(uintptr_t)s;
+}
+
+/* A session begun while the thread is ending (in a pthread_key_t destructor,
+ * after the thread's thread_local destructors have run) and not ended: the
+ * thread still ends it.  `used_before` has the thread use a session first. */
+static pthread_key_t g_late_key;
+
+static void late_session(void *arg) {
+    canopy_rid_t r = (canopy_rid_t)(uintptr_t)arg;
+    canopy_session_t s = canopy_region_begin(r);
+    if (s != 0) canopy_session_alloc(s, 48);
+}
+
+static void *end_with_late_session(void *arg) {
+    canopy_rid_t r = (canopy_rid_t)(uintptr_t)arg;
+    if (r & ((canopy_rid_t)1 << 63)) {
+        r &= ~((canopy_rid_t)1 << 63);
+        canopy_session_t s = canopy_region_begin(r);
+        CHECK(s != 0 && canopy_session_alloc(s, 16) != NULL && canopy_region_end(s) == 0);
+    }
+    CHECK(pthread_setspecific(g_late_key, (void *)(uintptr_t)r) == 0);
+    return NULL;
+}
+
+static void lock_lost(int sig) {
+    (void)sig;
+    static const char m[] = "sessions: the region lock was lost with a thread that ended\n";
+    (void)!write(2, m, sizeof m - 1);
+    _exit(1);
 }
 
 int main(void) {
@@ -133,6 +163,21 @@ int main(void) {
     CHECK((canopy_session_t)(uintptr_t)ended > s);
     canopy_rid_t q = canopy_ralloc(r, 0);
     CHECK(q != 0 && canopy_rfree(q) == 0);
+
+    /* A session begun as the thread ends (after its thread_local destructors)
+     * does not keep the lock either, whether or not the thread had used a
+     * session before. */
+    signal(SIGALRM, lock_lost);
+    CHECK(pthread_key_create(&g_late_key, late_session) == 0);
+    for (int used_before = 0; used_before < 2; used_before++) {
+        canopy_rid_t arg = r | (used_before ? (canopy_rid_t)1 << 63 : 0);
+        CHECK(pthread_create(&t, NULL, end_with_late_session, (void *)(uintptr_t)arg) == 0);
+        CHECK(pthread_join(t, NULL) == 0);
+        alarm(10);
+        q = canopy_ralloc(r, 0);
+        alarm(0);
+        CHECK(q != 0 && canopy_rfree(q) == 0);
+    }
 
     /* A session in a freed region, or a bad id, is refused. */
     CHECK(canopy_rfree(r) == 0);
