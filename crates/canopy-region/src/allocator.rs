@@ -863,6 +863,9 @@ impl RegionAllocator {
             // (A cursor with a free slot comes here for a size-0 request,
             // whose class is the smallest one's but not on its fast path.)
             if self.bits[w as usize] == 0 {
+                if let Some(addr) = self.next_word(ri, class, w as usize) {
+                    return Ok(addr);
+                }
                 if let Some(addr) = self.swap_filled_head(ri, class) {
                     return Ok(addr);
                 }
@@ -901,14 +904,40 @@ impl RegionAllocator {
         Ok(l.base + bit as usize * self.slot_size(class as u16))
     }
 
+    /// The cursor word `w` of (`ri`, `class`), a word of the head slab, has
+    /// no free slot and the next word of that slab has one (a slab being
+    /// filled word by word): move the cursor there and take its lowest free
+    /// slot.  `None`, with nothing changed, for a slab of one word, at the
+    /// slab's last word, or when the next word is full too
+    /// (`cursor_exhausted` then looks at every word).
+    #[inline]
+    fn next_word(&mut self, ri: usize, class: usize, w: usize) -> Option<usize> {
+        let shape = self.shapes[class];
+        if shape.words == 1 {
+            return None;
+        }
+        let l = &mut self.regions[ri].sizes[class];
+        let first = 1 + l.head as usize * self.wps; // word_index(head, 0)
+        debug_assert!(l.head != NIL && (first..first + shape.words as usize).contains(&w), "cursor off its head slab");
+        let nw = w + 1;
+        if nw - first >= shape.words as usize {
+            return None;
+        }
+        let (rest, bit) = slab::take_lowest_bits(self.bits[nw])?;
+        self.bits[nw] = rest;
+        l.word = nw as u32;
+        l.base += 64 * shape.size as usize;
+        Some(l.base + bit as usize * shape.size as usize)
+    }
+
     /// The common case of a region growing through one slot size, in one
-    /// step: the head of the partial list of (`ri`, `class`) is a slab of one
-    /// bitmap word that the fast path filled, it is the only partial slab,
-    /// and the region has an empty slab at hand.  The head goes to the full
-    /// list, the empty slab becomes the head with every slot free but slot
-    /// 0, which is returned, and the cursor goes on its word.  `None`, with
-    /// nothing changed, in any other case (`cursor_exhausted` and the general
-    /// path then do the same in several steps).
+    /// step: the head of the partial list of (`ri`, `class`) is a slab that
+    /// the fast path filled (every word of its slot size 0), it is the only
+    /// partial slab, and the region has an empty slab at hand.  The head goes
+    /// to the full list, the empty slab becomes the head with every slot free
+    /// but slot 0, which is returned, and the cursor goes on its first word.
+    /// `None`, with nothing changed, in any other case (`cursor_exhausted`
+    /// and the general path then do the same in several steps).
     #[inline]
     fn swap_filled_head(&mut self, ri: usize, class: usize) -> Option<usize> {
         let shape = self.shapes[class];
@@ -916,15 +945,21 @@ impl RegionAllocator {
         let r = &mut self.regions[ri];
         let old = r.sizes[class].head;
         let new = r.empty;
-        if shape.words != 1 || new == NIL || old == NIL {
+        if new == NIL || old == NIL {
             return None;
         }
         let slabs = &mut self.slabs[..];
         if slabs[old as usize].next != NIL {
             return None;
         }
+        let ow = 1 + old as usize * wps; // word_index(old, 0)
+        // (A slab of one word: its word is the cursor's, which the caller
+        // found empty.)
+        debug_assert!(shape.words > 1 || self.bits[ow] == 0);
+        if shape.words > 1 && self.bits[ow..ow + shape.words as usize].iter().any(|&x| x != 0) {
+            return None;
+        }
         debug_assert!(slabs[old as usize].state == state::PARTIAL && slabs[old as usize].prev == NIL);
-        debug_assert_eq!(self.bits[1 + old as usize * wps], 0, "swap_filled_head: the head has a free slot");
         // The filled head onto the full list.
         let full = r.full;
         let o = &mut slabs[old as usize];
@@ -945,12 +980,19 @@ impl RegionAllocator {
         }
         r.empty = next;
         r.n_empty -= 1;
-        // Every slot free but slot 0, the slab's other words 0.
+        // Every slot free but slot 0, the slab's words past its slots 0.
         let w = 1 + new as usize * wps; // word_index(new, 0)
         let words = &mut self.bits[w..w + wps];
-        words[0] = shape.last_full & !1;
-        for x in &mut words[1..] {
-            *x = 0;
+        if shape.words == 1 {
+            // (The common case, 64 B slots and up in 4 KiB slabs, spelled
+            // out: `fill`'s select per word costs more than the stores.)
+            words[0] = shape.last_full & !1;
+            for x in &mut words[1..] {
+                *x = 0;
+            }
+        } else {
+            shape.fill(words);
+            words[0] &= !1;
         }
         let l = &mut r.sizes[class];
         l.head = new;

@@ -7,6 +7,12 @@
 //! next time the ranges are read or the list is full: Myrmics' "lazily
 //! returning free slabs" (002 §3.2), which spares two ordered-map updates
 //! per slab when a region's objects are freed one by one.
+//!
+//! The range a growing region is taking slabs from, a few at a time from
+//! its start (`take_at_start` at the region's hint), is likewise kept out
+//! of the maps while it is being used up (the *carve*): each take then moves
+//! its start instead of removing it from both maps and putting the rest
+//! back.  Any other read puts it back first, as it merges the pending slabs.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,6 +23,10 @@ pub(crate) struct FreeRanges {
     by_len: BTreeSet<(usize, usize)>,
     /// Free single slabs not merged into the maps yet (`insert_lazy`).
     pending: Vec<usize>,
+    /// A free range (address, slabs > 0) out of the maps, which
+    /// `take_at_start` takes slabs from the start of; disjoint from the
+    /// maps' ranges and the pending slabs.
+    carve: Option<(usize, usize)>,
     slab_shift: u32,
     /// Free slabs, pending ones included.
     slabs: usize,
@@ -41,13 +51,14 @@ impl FreeRanges {
         self.by_len.last().map_or(0, |&(l, _)| l)
     }
 
-    /// Number of separate ranges (as if the pending slabs were merged).
+    /// Number of separate ranges (as if the pending slabs and the carve
+    /// were merged).
     pub(crate) fn ranges(&self) -> usize {
-        if self.pending.is_empty() {
+        if self.pending.is_empty() && self.carve.is_none() {
             return self.by_addr.len();
         }
-        // Ranges + pending runs - adjacencies between a run and a range.
-        let runs = self.pending_runs();
+        // Ranges + loose runs - adjacencies between a run and a range.
+        let runs = self.loose_runs();
         let mut n = self.by_addr.len() + runs.len();
         for &(a, l) in &runs {
             if self.by_addr.range(..a).next_back().is_some_and(|(&pa, &pl)| self.end(pa, pl) == a) {
@@ -60,15 +71,16 @@ impl FreeRanges {
         n
     }
 
-    /// The pending slabs as sorted, merged runs.
-    fn pending_runs(&self) -> Vec<(usize, usize)> {
-        let mut p = self.pending.clone();
+    /// The pending slabs and the carve, outside the maps, as sorted, merged
+    /// runs.
+    fn loose_runs(&self) -> Vec<(usize, usize)> {
+        let mut p: Vec<(usize, usize)> = self.pending.iter().map(|&a| (a, 1)).chain(self.carve).collect();
         p.sort_unstable();
         let mut runs: Vec<(usize, usize)> = Vec::new();
-        for a in p {
+        for (a, l) in p {
             match runs.last_mut() {
-                Some((ra, rl)) if self.end(*ra, *rl) == a => *rl += 1,
-                _ => runs.push((a, 1)),
+                Some((ra, rl)) if self.end(*ra, *rl) == a => *rl += l,
+                _ => runs.push((a, l)),
             }
         }
         runs
@@ -84,8 +96,12 @@ impl FreeRanges {
         }
     }
 
-    /// Merge the pending slabs into the maps: sorted, as runs.
+    /// Merge the carve and the pending slabs into the maps: the slabs
+    /// sorted, as runs.
     fn flush(&mut self) {
+        if let Some((a, l)) = self.carve.take() {
+            self.merge(a, l);
+        }
         if self.pending.is_empty() {
             return;
         }
@@ -149,14 +165,28 @@ impl FreeRanges {
         self.put(addr, len);
     }
 
-    /// Take up to `want` (at least 1) slabs from the range starting exactly at `addr`.
+    /// Take up to `want` (at least 1) slabs from the range starting exactly
+    /// at `addr`.  What is left of the range becomes the carve, so the next
+    /// take at its start (a region growing on) costs no map update.
     pub(crate) fn take_at_start(&mut self, addr: usize, want: usize) -> Option<(usize, usize)> {
-        self.flush();
-        let len = *self.by_addr.get(&addr)?;
+        debug_assert!(want > 0);
+        let len = match self.carve {
+            Some((a, l)) if a == addr => {
+                self.carve = None;
+                l
+            }
+            _ => {
+                // The carve back first: the range at `addr` may be a pending
+                // slab's neighbour, or the carve may end at `addr`.
+                self.flush();
+                let len = *self.by_addr.get(&addr)?;
+                self.remove(addr, len);
+                len
+            }
+        };
         let got = len.min(want);
-        self.remove(addr, len);
         if got < len {
-            self.put(self.end(addr, got), len - got);
+            self.carve = Some((self.end(addr, got), len - got));
         }
         self.slabs -= got;
         Some((addr, got))
@@ -203,10 +233,10 @@ impl FreeRanges {
         }
     }
 
-    /// All ranges in address order, then the pending slabs (unmerged,
-    /// in the order given back).
+    /// All ranges in address order, then the carve, then the pending
+    /// slabs (unmerged, in the order given back).
     pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
-        self.by_addr.iter().map(|(&a, &l)| (a, l)).chain(self.pending.iter().map(|&a| (a, 1)))
+        self.by_addr.iter().map(|(&a, &l)| (a, l)).chain(self.carve).chain(self.pending.iter().map(|&a| (a, 1)))
     }
 
     /// Check the two indexes agree and no ranges touch or overlap.
@@ -223,9 +253,9 @@ impl FreeRanges {
             prev_end = self.end(a, l);
             total += l;
         }
-        for (a, l) in self.pending_runs() {
+        for (a, l) in self.loose_runs() {
             if self.by_addr.range(..self.end(a, l)).next_back().is_some_and(|(&ra, &rl)| self.end(ra, rl) > a) {
-                return Err(format!("pending free slab run {a:#x}+{l} overlaps a free range"));
+                return Err(format!("pending free slabs or carve {a:#x}+{l} overlap a free range"));
             }
             total += l;
         }
@@ -233,6 +263,11 @@ impl FreeRanges {
         p.sort_unstable();
         if p.windows(2).any(|w| w[0] == w[1]) || self.pending.len() >= PENDING_MAX {
             return Err("pending free slabs repeat or overflow".into());
+        }
+        if let Some((a, l)) = self.carve {
+            if l == 0 || p.iter().any(|&x| x >= a && x < self.end(a, l)) {
+                return Err(format!("carve {a:#x}+{l} is empty or holds a pending slab"));
+            }
         }
         if self.by_len.len() != self.by_addr.len() || total != self.slabs {
             return Err("free range counters disagree".into());
@@ -259,6 +294,38 @@ mod tests {
         assert_eq!(f.take_at_start(0x13000, 10), Some((0x13000, 3)));
         assert_eq!(f.slabs(), 0);
         assert!(!f.take_exact(0x13000, 1));
+        f.check().unwrap();
+    }
+
+    #[test]
+    fn taking_from_a_range_start_by_start_keeps_the_rest_as_the_carve() {
+        let mut f = FreeRanges::new(4096);
+        f.insert(0x10000, 10);
+        f.insert(0x40000, 1);
+        assert_eq!(f.take_at_start(0x10000, 4), Some((0x10000, 4)));
+        assert_eq!(f.carve, Some((0x14000, 6)));
+        // The next take at the carve's start moves it, with the maps untouched.
+        assert_eq!(f.take_at_start(0x14000, 4), Some((0x14000, 4)));
+        assert_eq!((f.carve, f.by_addr.len()), (Some((0x18000, 2)), 1));
+        f.check().unwrap();
+        assert_eq!((f.slabs(), f.ranges()), (3, 2));
+        assert_eq!(f.iter().collect::<Vec<_>>(), vec![(0x40000, 1), (0x18000, 2)]);
+        // Slabs given back next to it count as one range with it...
+        f.insert(0x16000, 2);
+        f.insert_lazy(0x1a000);
+        f.check().unwrap();
+        assert_eq!((f.slabs(), f.ranges()), (6, 2));
+        // ...and any other read merges it back into the maps.
+        assert_eq!(f.largest(), 5);
+        assert_eq!(f.carve, None);
+        assert_eq!(f.iter().collect::<Vec<_>>(), vec![(0x16000, 5), (0x40000, 1)]);
+        // A take elsewhere puts the carve back before it looks.
+        assert_eq!(f.take_at_start(0x16000, 1), Some((0x16000, 1)));
+        assert_eq!(f.take_at_start(0x40000, 8), Some((0x40000, 1)));
+        assert_eq!(f.carve, None, "a range used up leaves no carve");
+        assert_eq!(f.take_at_start(0x17000, 9), Some((0x17000, 4)));
+        assert_eq!(f.take_at_start(0x1b000, 1), None);
+        assert_eq!(f.slabs(), 0);
         f.check().unwrap();
     }
 

@@ -107,13 +107,46 @@ fn a_slab_filled_on_the_fast_path_counts_as_full_until_the_cursor_moves() {
     assert_eq!((st.full_slabs, st.partial_slabs), (1, 1));
     assert_eq!(inr.alloc(64).unwrap(), a[3]);
     // By id too, and a size-0 request next to a live cursor.
-    drop(inr);
     let c = ra.alloc(64, r).unwrap();
     assert!(!a.contains(&c) && !b.contains(&c));
     ra.alloc(0, r).unwrap();
     ra.check().unwrap();
     assert_eq!(ra.region_stats(r).unwrap().objects, 2 * per as u64 + 2);
     ra.rfree(r).unwrap();
+}
+
+#[test]
+fn a_slab_of_several_words_is_filled_word_by_word_then_its_holes() {
+    // 16 B slots: 256 slots in four bitmap words per 4 KiB slab.  Filling a
+    // fresh region goes through the words in order (the cursor steps to the
+    // next word); a slot freed below the cursor is taken again only once the
+    // words above are full, before a second slab is started; a slab whose
+    // words are all full is swapped for an empty one in one step.
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let per = ra.config().slab_size / 16;
+    assert!(per > 128, "the test wants slabs of several bitmap words");
+    let mut inr = ra.in_region(r).unwrap();
+    let a: Vec<usize> = (0..100).map(|_| inr.alloc(16).unwrap().as_ptr() as usize).collect();
+    assert!(a.windows(2).all(|w| w[1] == w[0] + 16), "one run of slots across the first two words");
+    inr.free(NonNull::new(a[5] as *mut u8).unwrap()).unwrap();
+    inr.allocator().check().unwrap();
+    let b: Vec<usize> = (100..per).map(|_| inr.alloc(16).unwrap().as_ptr() as usize).collect();
+    assert_eq!(b[0], a[99] + 16);
+    assert!(b.windows(2).all(|w| w[1] == w[0] + 16), "the words above the hole, in order");
+    assert_eq!(inr.alloc(16).unwrap().as_ptr() as usize, a[5], "the hole before a new slab");
+    let st = inr.allocator().region_stats(r).unwrap();
+    assert_eq!((st.full_slabs, st.partial_slabs, st.objects), (1, 0, per as u64));
+    // The next slab starts at its slot 0, and fills the same way.
+    let slab = inr.allocator().config().slab_size;
+    let c: Vec<usize> = (0..per + 3).map(|_| inr.alloc(16).unwrap().as_ptr() as usize).collect();
+    assert_eq!(c[0] % slab, 0, "a fresh slab starts at its first slot");
+    assert!(c[..per].windows(2).all(|w| w[1] == w[0] + 16));
+    let st = inr.allocator().region_stats(r).unwrap();
+    assert_eq!((st.full_slabs, st.partial_slabs, st.objects), (2, 1, 2 * per as u64 + 3));
+    inr.allocator().check().unwrap();
+    ra.rfree(r).unwrap();
+    ra.check().unwrap();
 }
 
 #[test]
