@@ -6,10 +6,17 @@
 //! the descriptor table) instead of being unmapped per request: unmapping per
 //! request is what made Hoard ten times slower at X = 1000 in the SAC paper.
 //!
-//! Returning memory to the OS, the policy: the global heap keeps at most
-//! `CANOPY_RETAIN_MB` of committed free memory.  When a free pushes it above
-//! that, free spans are decommitted (`MADV_DONTNEED`), largest first, until at
-//! most half of it is left.  `canopy_collect()` decommits every free span now.
+//! Returning memory to the OS, the policy: the global heap keeps
+//! `CANOPY_RETAIN_MB` of committed free memory.  Above that it waits: when a
+//! free finds committed free memory above the limit and every free since the
+//! first such one (at least `CANOPY_DECAY_MS` earlier) found it above too,
+//! free spans are decommitted (`MADV_DONTNEED`), largest first, until at most
+//! half of the limit is left.  A program that frees a lot and soon allocates
+//! as much again (a phase of a loop) keeps its memory instead of faulting it
+//! in afresh each time; one that stays above the limit gives the excess back
+//! on its first free after the delay (the check rides on frees: nothing runs
+//! in the background).  `CANOPY_DECAY_MS=0` decommits at once.
+//! `canopy_collect()` decommits every free span now.
 //!
 //! Free spans sit in bins by length: bins 1..=63 hold spans of exactly that
 //! many units, bin 64 the longer ones.  Lists are doubly linked through the
@@ -36,6 +43,10 @@ pub(crate) struct GlobalState {
     pub free_committed_units: usize,
     /// Units in free spans.
     pub free_units: usize,
+    /// When a free first found committed free memory above the retain limit,
+    /// with every free since finding it above too (coarse monotonic ms; 0:
+    /// it is not above).
+    over_since_ms: u64,
     /// Every heap ever created (linked by `Heap::next_all`).
     pub heaps: *mut Heap,
     /// Heaps whose thread exited, waiting for adoption.
@@ -89,6 +100,7 @@ pub(crate) static GLOBAL: Global = Global {
         bins: [ptr::null_mut(); BINS],
         free_committed_units: 0,
         free_units: 0,
+        over_since_ms: 0,
         heaps: ptr::null_mut(),
         abandoned: ptr::null_mut(),
         stats: GlobalCounters {
@@ -322,10 +334,34 @@ impl GlobalState {
             }
             self.insert_free(start, len, flags);
         }
-        if self.free_committed_units * UNIT > retain_bytes {
-            // SAFETY: we hold the lock (caller's contract).
-            unsafe { self.decommit_down_to(retain_bytes / 2) };
+        // SAFETY: we hold the lock (caller's contract).
+        unsafe { self.apply_retain_policy(retain_bytes, crate::options().decay_ms, now_ms) };
+    }
+
+    /// The decommit policy (see the module's documentation), after a free:
+    /// committed free memory above `retain` is decommitted down to half of
+    /// it once it has stayed above for `decay_ms` by the clock `now`.
+    ///
+    /// # Safety
+    /// The caller holds the global lock.
+    pub(crate) unsafe fn apply_retain_policy(&mut self, retain: usize, decay_ms: u64, now: fn() -> u64) {
+        if self.free_committed_units * UNIT <= retain {
+            self.over_since_ms = 0;
+            return;
         }
+        if decay_ms != 0 {
+            let t = now().max(1);
+            if self.over_since_ms == 0 {
+                self.over_since_ms = t;
+                return;
+            }
+            if t.saturating_sub(self.over_since_ms) < decay_ms {
+                return;
+            }
+        }
+        // SAFETY: we hold the lock (caller's contract).
+        unsafe { self.decommit_down_to(retain / 2) };
+        self.over_since_ms = 0;
     }
 
     /// Decommit free spans, largest bins first, until at most `keep` bytes of
@@ -414,6 +450,23 @@ impl GlobalState {
         Ok(())
     }
 }
+
+/// The clock of the decommit delay: the coarse monotonic clock, or in tests
+/// the time a test set (when not 0).
+fn now_ms() -> u64 {
+    #[cfg(test)]
+    {
+        let t = TEST_NOW_MS.load(core::sync::atomic::Ordering::Relaxed);
+        if t != 0 {
+            return t;
+        }
+    }
+    canopy_sys::monotonic_coarse_ms()
+}
+
+/// A test's clock for the decommit delay (0: the real clock).
+#[cfg(test)]
+pub(crate) static TEST_NOW_MS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
 
 fn merge_flags(a: u8, b: u8) -> u8 {
     // Committed if either part may be; zeroed only if both are.

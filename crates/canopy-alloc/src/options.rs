@@ -5,7 +5,8 @@
 //! |---|---|---|
 //! | `CANOPY_CHECK` | 0 (1 in debug builds) | check mode: every free is validated precisely; a double free or a foreign pointer is reported with the pointer and the call, then the process aborts |
 //! | `CANOPY_ARENA_GB` | 128 | address space reserved for the heap (GiB); halved until the OS grants it |
-//! | `CANOPY_RETAIN_MB` | 64 | free memory the global heap keeps committed; above it, free spans are decommitted (largest first) down to half of it |
+//! | `CANOPY_RETAIN_MB` | 64 | free memory the global heap keeps committed; what is above it for `CANOPY_DECAY_MS` is decommitted (largest spans first) down to half of it |
+//! | `CANOPY_DECAY_MS` | 1000 | how long free memory may stay above `CANOPY_RETAIN_MB` before it is decommitted (0: at once); a program that frees and allocates the same memory again within that time keeps it committed |
 //! | `CANOPY_HEAP_RETAIN_PAGES` | 2 | fully free 1 MiB pages a thread heap keeps before giving them back to the global heap |
 //! | `CANOPY_REMOTE_BATCH` | 32 | frees to another thread's memory collected per destination before one swap sends them |
 //! | `CANOPY_HUGE_PAGES` | 0 | ask for transparent huge pages on the arena |
@@ -23,6 +24,8 @@ pub struct Options {
     pub arena_gb: usize,
     /// Committed free memory the global heap keeps, in bytes.
     pub retain_bytes: usize,
+    /// Delay before committed free memory above `retain_bytes` is decommitted, in ms.
+    pub decay_ms: u64,
     /// Free pages a thread heap keeps.
     pub heap_retain_pages: usize,
     /// Remote frees per batch.
@@ -41,6 +44,7 @@ impl Options {
         check: cfg!(debug_assertions),
         arena_gb: 128,
         retain_bytes: 64 << 20,
+        decay_ms: 1000,
         heap_retain_pages: 2,
         remote_batch: 32,
         huge_pages: false,
@@ -59,6 +63,9 @@ impl Options {
         }
         if let Some(v) = num(c"CANOPY_RETAIN_MB") {
             o.retain_bytes = v.saturating_mul(1 << 20);
+        }
+        if let Some(v) = num(c"CANOPY_DECAY_MS") {
+            o.decay_ms = v as u64;
         }
         if let Some(v) = num(c"CANOPY_HEAP_RETAIN_PAGES") {
             o.heap_retain_pages = v;

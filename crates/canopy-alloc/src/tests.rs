@@ -334,6 +334,73 @@ fn collect_returns_memory() {
     check_invariants().unwrap();
 }
 
+/// Committed free memory in the global heap, in bytes.
+fn free_committed() -> usize {
+    let locked = solo::lock();
+    // SAFETY: global lock held; a read of a counter.
+    let n = unsafe { global::state().free_committed_units } * arena::UNIT;
+    solo::unlock(locked);
+    n
+}
+
+#[test]
+fn free_memory_above_the_retain_limit_goes_back_after_the_delay() {
+    let _g = serial();
+    let o = options();
+    let retain = o.retain_bytes;
+    let chunk = 8 << 20;
+    let n = retain / chunk * 2 + 2;
+    collect();
+    let t0 = 1_000_000_000u64;
+    global::TEST_NOW_MS.store(t0, core::sync::atomic::Ordering::Relaxed);
+    let returned = || stats::snapshot().bytes_returned_to_os;
+    let before = returned();
+    let ps: Vec<_> = (0..n).map(|_| alloc(chunk)).collect();
+    assert!(ps.iter().all(|p| !p.is_null()));
+    for p in ps {
+        unsafe { free(p) };
+    }
+    let over = free_committed();
+    let churn = |t: u64| {
+        global::TEST_NOW_MS.store(t, core::sync::atomic::Ordering::Relaxed);
+        let p = alloc(chunk);
+        assert!(!p.is_null());
+        unsafe { free(p) };
+    };
+    if o.decay_ms == 0 {
+        // Decommitted at once (CANOPY_DECAY_MS=0 in the environment).
+        assert!(over <= retain / 2, "{over} bytes committed and free, the limit {retain}");
+        assert!(returned() > before);
+    } else {
+        assert!(over > retain, "{over} bytes committed and free after freeing {} bytes", n * chunk);
+        assert_eq!(returned(), before, "nothing decommitted within the delay");
+        // Frees within the delay keep it; the first one past it gives the excess back.
+        churn(t0 + o.decay_ms - 1);
+        assert_eq!(returned(), before);
+        assert!(free_committed() > retain);
+        churn(t0 + o.decay_ms);
+        assert!(returned() > before, "decommitted once the delay is over");
+        assert!(free_committed() <= retain / 2);
+        // Below the limit the clock starts again.
+        churn(t0 + 10 * o.decay_ms);
+        let ps: Vec<_> = (0..n).map(|_| alloc(chunk)).collect();
+        let mid = returned();
+        for p in ps {
+            unsafe { free(p) };
+        }
+        churn(t0 + 10 * o.decay_ms + o.decay_ms / 2);
+        assert_eq!(returned(), mid, "a new excess waits its own delay");
+    }
+    // Decommitted at once with no delay.
+    let locked = solo::lock();
+    // SAFETY: global lock held.
+    unsafe { global::state().apply_retain_policy(retain, 0, || 0) };
+    solo::unlock(locked);
+    assert!(free_committed() <= retain / 2);
+    global::TEST_NOW_MS.store(0, core::sync::atomic::Ordering::Relaxed);
+    check_invariants().unwrap();
+}
+
 #[test]
 fn frees_from_threads_without_a_heap() {
     let _g = shared();

@@ -185,6 +185,19 @@ pub fn thread_id() -> usize {
     }
 }
 
+/// Milliseconds on the kernel's coarse monotonic clock (a vDSO read, no
+/// system call; it advances in steps of a few milliseconds).  Never goes back.
+pub fn monotonic_coarse_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we pass; it neither allocates
+    // nor fails for a clock the kernel has (CLOCK_MONOTONIC_COARSE, Linux 2.6.32+).
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    if r != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
 /// Read an environment variable without allocating.  Returns the bytes of the
 /// value (valid for the life of the process unless the environment is changed).
 pub fn getenv(name: &core::ffi::CStr) -> Option<&'static [u8]> {
