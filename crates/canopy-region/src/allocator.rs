@@ -863,10 +863,7 @@ impl RegionAllocator {
             // (A cursor with a free slot comes here for a size-0 request,
             // whose class is the smallest one's but not on its fast path.)
             if self.bits[w as usize] == 0 {
-                if let Some(addr) = self.next_word(ri, class, w as usize) {
-                    return Ok(addr);
-                }
-                if let Some(addr) = self.swap_filled_head(ri, class) {
+                if let Some(addr) = self.step_cursor(ri, class, w as usize) {
                     return Ok(addr);
                 }
                 self.cursor_exhausted(ri, class);
@@ -902,6 +899,21 @@ impl RegionAllocator {
         let l = self.regions[ri].sizes[class];
         let (bit, _) = slab::take_lowest(&mut self.bits[l.word as usize]).expect("a partial slab has a free slot");
         Ok(l.base + bit as usize * self.slot_size(class as u16))
+    }
+
+    /// The cursor word `w` of (`ri`, `class`) has no free slot: the two
+    /// common next steps of a region being filled, [`next_word`] and
+    /// [`swap_filled_head`].
+    ///
+    /// [`next_word`]: Self::next_word
+    /// [`swap_filled_head`]: Self::swap_filled_head
+    #[inline]
+    fn step_cursor(&mut self, ri: usize, class: usize, w: usize) -> Option<usize> {
+        debug_assert_eq!(self.bits[w], 0);
+        if let Some(addr) = self.next_word(ri, class, w) {
+            return Some(addr);
+        }
+        self.swap_filled_head(ri, class)
     }
 
     /// The cursor word `w` of (`ri`, `class`), a word of the head slab, has
@@ -985,10 +997,16 @@ impl RegionAllocator {
         let words = &mut self.bits[w..w + wps];
         if shape.words == 1 {
             // (The common case, 64 B slots and up in 4 KiB slabs, spelled
-            // out: `fill`'s select per word costs more than the stores.)
+            // out: `fill`'s select per word costs more than the stores, and
+            // a loop over the other words becomes a call to memset.)
             words[0] = shape.last_full & !1;
-            for x in &mut words[1..] {
-                *x = 0;
+            match words {
+                [_, a, b, c] => {
+                    // The default shape: 16 B slots at least in 4 KiB slabs.
+                    (*a, *b, *c) = (0, 0, 0);
+                }
+                [_, rest @ ..] => rest.fill(0),
+                [] => unreachable!("a slab has a bitmap word"),
             }
         } else {
             shape.fill(words);
