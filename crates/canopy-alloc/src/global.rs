@@ -14,8 +14,8 @@
 //! half of the limit is left.  A program that frees a lot and soon allocates
 //! as much again (a phase of a loop) keeps its memory instead of faulting it
 //! in afresh each time; one that stays above the limit gives the excess back
-//! on its first free after the delay (the check rides on frees: nothing runs
-//! in the background).  `CANOPY_DECAY_MS=0` decommits at once.
+//! on its first free, or first allocation from the global heap, after the
+//! delay (the check rides on those calls: nothing runs in the background).  `CANOPY_DECAY_MS=0` decommits at once.
 //! `canopy_collect()` decommits every free span now.
 //!
 //! Free spans sit in bins by length: bins 1..=63 hold spans of exactly that
@@ -192,7 +192,23 @@ impl GlobalState {
     /// The units still carry the kinds of a free span: the caller marks them
     /// before it lets go of the lock, because `free_span` reads the kinds of
     /// a freed span's neighbours to coalesce with them.
+    ///
+    /// Free memory waiting above the retain limit (see the module's
+    /// documentation) goes back to the OS here too once its delay is over,
+    /// so a program that stops freeing but still allocates gives it back.
     pub(crate) unsafe fn alloc_span(&mut self, n: usize, align: usize) -> Option<(usize, bool)> {
+        // SAFETY: the caller holds the lock (this function's contract).
+        let got = unsafe { self.alloc_span_fit(n, align) };
+        if self.over_since_ms != 0 {
+            let o = crate::options();
+            // SAFETY: as above; the span just taken is no longer free.
+            unsafe { self.apply_retain_policy(o.retain_bytes, o.decay_ms, now_ms) };
+        }
+        got
+    }
+
+    /// [`alloc_span`](Self::alloc_span) without the decommit check.
+    unsafe fn alloc_span_fit(&mut self, n: usize, align: usize) -> Option<(usize, bool)> {
         debug_assert!(align.is_power_of_two() && n > 0);
         // Bins first: first fit, a few candidates per bin.
         let mut b = bin_of(n);

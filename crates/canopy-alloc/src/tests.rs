@@ -374,13 +374,16 @@ fn free_memory_above_the_retain_limit_goes_back_after_the_delay() {
     } else {
         assert!(over > retain, "{over} bytes committed and free after freeing {} bytes", n * chunk);
         assert_eq!(returned(), before, "nothing decommitted within the delay");
-        // Frees within the delay keep it; the first one past it gives the excess back.
+        // Calls within the delay keep it; the first one past it gives the excess back.
         churn(t0 + o.decay_ms - 1);
         assert_eq!(returned(), before);
         assert!(free_committed() > retain);
-        churn(t0 + o.decay_ms);
-        assert!(returned() > before, "decommitted once the delay is over");
+        global::TEST_NOW_MS.store(t0 + o.decay_ms, core::sync::atomic::Ordering::Relaxed);
+        let p = alloc(chunk);
+        assert!(!p.is_null());
+        assert!(returned() > before, "decommitted once the delay is over (by an allocation)");
         assert!(free_committed() <= retain / 2);
+        unsafe { free(p) };
         // Below the limit the clock starts again.
         churn(t0 + 10 * o.decay_ms);
         let ps: Vec<_> = (0..n).map(|_| alloc(chunk)).collect();
@@ -390,6 +393,13 @@ fn free_memory_above_the_retain_limit_goes_back_after_the_delay() {
         }
         churn(t0 + 10 * o.decay_ms + o.decay_ms / 2);
         assert_eq!(returned(), mid, "a new excess waits its own delay");
+        // A free past the delay gives it back too.
+        let p = alloc(chunk);
+        assert!(!p.is_null());
+        global::TEST_NOW_MS.store(t0 + 12 * o.decay_ms, core::sync::atomic::Ordering::Relaxed);
+        unsafe { free(p) };
+        assert!(returned() > mid, "decommitted by a free once the delay is over");
+        assert!(free_committed() <= retain / 2);
     }
     // Decommitted at once with no delay.
     let locked = solo::lock();
