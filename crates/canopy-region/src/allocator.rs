@@ -1146,10 +1146,27 @@ impl RegionAllocator {
         let first = self.slab_of(addr).expect("taken slab is mapped");
         // Slabs of one page have consecutive indexes in the slab table.
         let one_page = (addr & !self.page_mask) == ((addr + ((got - 1) << self.slab_shift)) & !self.page_mask);
-        // Pushed last to first, so the empty list hands them out in address
-        // order: a region filled in one pass then runs through its memory
-        // upwards, as hardware prefetchers expect, instead of backwards
-        // within each group of slabs taken together.
+        // Onto the empty list in address order: a region filled in one pass
+        // then runs through its memory upwards, as hardware prefetchers
+        // expect, instead of backwards within each group of slabs taken
+        // together.
+        let r = &mut self.regions[ri];
+        debug_assert!(r.empty == NIL, "take_empty: the region has empty slabs");
+        if one_page {
+            // Consecutive records: linked as the whole list in one pass.
+            let last = first + got as u32 - 1;
+            for (i, sl) in self.slabs[first as usize..=last as usize].iter_mut().enumerate() {
+                let sid = first + i as u32;
+                sl.state = state::EMPTY;
+                sl.region = ri as u32;
+                sl.prev = if sid == first { NIL } else { sid - 1 };
+                sl.next = if sid == last { NIL } else { sid + 1 };
+            }
+            r.empty = first;
+            r.n_empty += got as u32;
+            return Ok(());
+        }
+        // Pushed last to first.
         for i in (0..got).rev() {
             let s = if one_page {
                 first + i as u32
