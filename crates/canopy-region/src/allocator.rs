@@ -680,8 +680,16 @@ impl RegionAllocator {
             while i < n {
                 // One page-map lookup per page; slab indices are consecutive within a page.
                 let a0 = addr + (i << shift);
-                let first = self.slab_of(a0).expect("owned slab is mapped") as usize;
-                let in_page = (self.spp - first % self.spp).min(n - i);
+                let in_page = (self.spp - ((a0 & self.page_mask) >> shift)).min(n - i);
+                let Some(first) = self.slab_of(a0) else {
+                    // A page `trim` gave back (every slab of it was free, so
+                    // none of it is this region's any more): the range is
+                    // stale there.
+                    i += in_page;
+                    continue;
+                };
+                let first = first as usize;
+                debug_assert_eq!(first % self.spp, (a0 & self.page_mask) >> shift);
                 if run_n != 0 && run_at + (run_n << shift) != a0 {
                     self.free.insert(run_at, run_n);
                     run_n = 0;
@@ -740,8 +748,9 @@ impl RegionAllocator {
         for &(addr, n) in &self.regions[ri].owned {
             for i in 0..n {
                 let a = addr + (i << self.slab_shift);
-                let sid = self.slab_of(a).expect("owned slab is mapped") as usize;
-                let sl = &self.slabs[sid];
+                // (No slab: a page `trim` gave back, whose slabs were all free.)
+                let Some(sid) = self.slab_of(a) else { continue };
+                let sl = &self.slabs[sid as usize];
                 if sl.region == me && sl.state != state::FREE {
                     v.push((a, 1));
                 }

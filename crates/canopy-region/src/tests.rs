@@ -388,6 +388,45 @@ fn holes_are_filled_before_new_slabs() {
 }
 
 #[test]
+fn a_live_region_survives_trim_of_pages_it_once_used() {
+    // A region frees an object whose pages then go back to the page source
+    // (`trim`); the region keeps living, allocates again (maybe on those
+    // addresses, mapped anew), and is freed: its record of the ranges it
+    // took still names the pages given back, which must be skipped, not
+    // taken for lost slabs.
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let keep = ra.alloc(64, r).unwrap();
+    let big = ra.alloc(3 << 20, r).unwrap();
+    ra.free(big).unwrap();
+    let pages = ra.stats().pages;
+    let given = ra.trim();
+    assert!(given >= 3, "the spanning object's pages go back ({given} of {pages})");
+    ra.check().unwrap();
+    let again = ra.alloc(3 << 20, r).unwrap();
+    let small: Vec<_> = (0..1000).map(|_| ra.alloc(48, r).unwrap()).collect();
+    ra.check().unwrap();
+    assert_eq!(ra.region_stats(r).unwrap().objects, 1002);
+    // Many small ranges, so the region's record of them is rebuilt too.
+    for _ in 0..200 {
+        let p = ra.alloc(3 << 20, r).unwrap();
+        ra.free(p).unwrap();
+        ra.trim();
+    }
+    ra.check().unwrap();
+    ra.free(again).unwrap();
+    for p in small {
+        ra.free(p).unwrap();
+    }
+    ra.free(keep).unwrap();
+    ra.rfree(r).unwrap();
+    ra.check().unwrap();
+    ra.trim();
+    assert_eq!(ra.stats().pages, 0, "every page back once the region is gone");
+    ra.check().unwrap();
+}
+
+#[test]
 fn region_free_returns_memory_for_reuse_and_trim() {
     let mut ra = RegionAllocator::new();
     let before = canopy_alloc::stats::snapshot().lent_bytes;
