@@ -111,7 +111,9 @@ pub struct Block {
 /// a block of the unit is live.
 #[repr(C, align(64))]
 pub struct Desc {
-    /// Unused by every kind (keeps the descriptor at 64 bytes, one line).
+    /// FREE_SPAN head: how many units of the span may hold memory (their
+    /// clean mark is not 0, see `GlobalState::free_span`).  Unused by every
+    /// other kind.
     pub spare: u64,
     /// SMALL: id of the owning thread while the free fast path may push onto
     /// this slab (current or available); 0 otherwise (see the module invariants).

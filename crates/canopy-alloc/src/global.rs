@@ -39,7 +39,8 @@ pub(crate) struct GlobalState {
     pub top: usize,
     /// Heads of the span bins (index = length, 64 = longer).
     bins: [*mut Desc; BINS],
-    /// Units in free spans flagged committed.
+    /// Units of free spans that may hold memory (clean mark not 0): what a
+    /// decommit of every free span would give back.
     pub free_committed_units: usize,
     /// Units in free spans.
     pub free_units: usize,
@@ -135,16 +136,23 @@ fn bin_of(units: usize) -> usize {
 }
 
 impl GlobalState {
-    /// Put a free span in its bin and mark its units.
-    unsafe fn insert_free(&mut self, idx: usize, n: usize, flags: u8) {
+    /// Put a free span in its bin and mark its units.  Its flags come from
+    /// its units' clean marks (see `free_span`): committed if any unit may
+    /// hold memory, zeroed if none does; the head keeps the count of units
+    /// that may (`Desc::spare`), which is what `free_committed_units` adds
+    /// up, so a span merged from decommitted and committed pieces counts only
+    /// the committed ones.
+    unsafe fn insert_free(&mut self, idx: usize, n: usize) {
         debug_assert!(n > 0);
         // SAFETY: idx..idx+n are arena units owned by the global heap.
         unsafe {
+            let dirty = dirty_units(idx, n);
             arena::mark_units(idx, n, kind::FREE_BODY);
             let first = desc(idx);
             (*first).kind = kind::FREE_SPAN;
             (*first).a = n as u32;
-            (*first).flags = flags;
+            (*first).flags = if dirty == 0 { SPAN_ZEROED } else { SPAN_COMMITTED };
+            (*first).spare = dirty as u64;
             let last = desc(idx + n - 1);
             let b = bin_of(n);
             (*first).prev = ptr::null_mut();
@@ -157,11 +165,9 @@ impl GlobalState {
                 // The last unit points back at the first for left coalescing.
                 (*last).next = first;
             }
+            self.free_committed_units += dirty;
         }
         self.free_units += n;
-        if flags & SPAN_COMMITTED != 0 {
-            self.free_committed_units += n;
-        }
     }
 
     /// Take a free span out of its bin.
@@ -180,9 +186,7 @@ impl GlobalState {
                 (*(*first).next).prev = (*first).prev;
             }
             self.free_units -= n;
-            if (*first).flags & SPAN_COMMITTED != 0 {
-                self.free_committed_units -= n;
-            }
+            self.free_committed_units -= (*first).spare as usize;
         }
     }
 
@@ -217,7 +221,7 @@ impl GlobalState {
             let mut tries = 0;
             while !d.is_null() && tries < 16 {
                 // SAFETY: d is a free span head in a bin.
-                let (len, flags) = unsafe { ((*d).a as usize, (*d).flags) };
+                let len = unsafe { (*d).a as usize };
                 let s = desc_index(d);
                 let at = (s + align - 1) & !(align - 1);
                 if len >= n && at + n <= s + len {
@@ -225,13 +229,13 @@ impl GlobalState {
                     unsafe {
                         self.unlink_free(d);
                         if at > s {
-                            self.insert_free(s, at - s, flags);
+                            self.insert_free(s, at - s);
                         }
                         if at + n < s + len {
-                            self.insert_free(at + n, s + len - at - n, flags);
+                            self.insert_free(at + n, s + len - at - n);
                         }
+                        return Some((at, dirty_units(at, n) == 0));
                     }
-                    return Some((at, flags & SPAN_ZEROED != 0));
                 }
                 // SAFETY: d is a valid descriptor in the list.
                 d = unsafe { (*d).next };
@@ -246,7 +250,7 @@ impl GlobalState {
         }
         if at > self.top {
             // SAFETY: units top..at are fresh arena units.
-            unsafe { self.insert_free(self.top, at - self.top, SPAN_ZEROED) };
+            unsafe { self.insert_free(self.top, at - self.top) };
         }
         self.top = at + n;
         Some((at, true))
@@ -274,10 +278,9 @@ impl GlobalState {
                 return false;
             }
             let avail = (*right).a as usize;
-            let flags = (*right).flags;
             self.unlink_free(right);
             if avail > need {
-                self.insert_free(end + need, avail - need, flags);
+                self.insert_free(end + need, avail - need);
             }
             arena::mark_units(end, need, kind::LARGE_BODY);
         }
@@ -298,7 +301,8 @@ impl GlobalState {
 
     /// Give back `n` units from `idx`, coalescing with free neighbours, then
     /// apply the decommit policy.  `clean_from`: the units hold no memory
-    /// from this byte offset on (None: nothing known).
+    /// from this byte offset on (None: nothing known); `committed` false:
+    /// the units hold no memory at all.
     ///
     /// Every unit of a free span carries a *clean mark* in its descriptor's
     /// `limit`: the byte offset in the unit from which its pages are known to
@@ -307,13 +311,12 @@ impl GlobalState {
     /// chunk cut from a span can skip trimming a tail that is already clean.
     pub(crate) unsafe fn free_span(&mut self, idx: usize, n: usize, committed: bool, retain_bytes: usize, clean_from: Option<usize>) {
         for k in 0..n {
-            let mark = clean_from.map_or(UNIT, |c| c.saturating_sub(k * UNIT).min(UNIT));
+            let mark = if committed { clean_from.map_or(UNIT, |c| c.saturating_sub(k * UNIT).min(UNIT)) } else { 0 };
             // SAFETY: the units are ours to give back (caller's contract).
             unsafe { (*desc(idx + k)).limit = mark as u32 };
         }
         let mut start = idx;
         let mut len = n;
-        let mut flags = if committed { SPAN_COMMITTED } else { SPAN_ZEROED };
         // SAFETY: neighbours are arena units; their kinds tell whether they
         // are free spans owned by us.
         unsafe {
@@ -329,11 +332,9 @@ impl GlobalState {
                     let hl = (*head).a as usize;
                     let hs = desc_index(head);
                     debug_assert_eq!(hs + hl, start);
-                    let hf = (*head).flags;
                     self.unlink_free(head);
                     start = hs;
                     len += hl;
-                    flags = merge_flags(flags, hf);
                     self.stats.span_coalescings += 1;
                 }
             }
@@ -341,14 +342,12 @@ impl GlobalState {
                 let right = desc(start + len);
                 if (*right).kind == kind::FREE_SPAN {
                     let rl = (*right).a as usize;
-                    let rf = (*right).flags;
                     self.unlink_free(right);
                     len += rl;
-                    flags = merge_flags(flags, rf);
                     self.stats.span_coalescings += 1;
                 }
             }
-            self.insert_free(start, len, flags);
+            self.insert_free(start, len);
         }
         // SAFETY: we hold the lock (caller's contract).
         unsafe { self.apply_retain_policy(retain_bytes, crate::options().decay_ms, now_ms) };
@@ -380,6 +379,26 @@ impl GlobalState {
         self.over_since_ms = 0;
     }
 
+    /// Decommit every free span that may hold memory (`collect`).  Nothing
+    /// committed is left free, so a decommit delay that was running stops.
+    ///
+    /// # Safety
+    /// The caller holds the global lock.
+    pub(crate) unsafe fn decommit_all(&mut self) -> usize {
+        // SAFETY: forwarded.
+        let n = unsafe { self.decommit_down_to(0) };
+        if self.free_committed_units == 0 {
+            self.over_since_ms = 0;
+        }
+        n
+    }
+
+    /// Whether a decommit delay is running (tests).
+    #[cfg(test)]
+    pub(crate) fn decay_running(&self) -> bool {
+        self.over_since_ms != 0
+    }
+
     /// Decommit free spans, largest bins first, until at most `keep` bytes of
     /// committed free memory remain.  Returns bytes decommitted.
     pub(crate) unsafe fn decommit_down_to(&mut self, keep: usize) -> usize {
@@ -391,19 +410,23 @@ impl GlobalState {
             while !d.is_null() && self.free_committed_units * UNIT > keep {
                 // SAFETY: d is a free span head; its units are ours and dead.
                 unsafe {
-                    if (*d).flags & SPAN_COMMITTED != 0 {
+                    let dirty = (*d).spare as usize;
+                    if dirty != 0 {
+                        // The whole span in one call: its clean units cost
+                        // the kernel nearly nothing, but only the others count.
                         let n = (*d).a as usize;
                         let addr = arena::unit_addr(d);
                         if canopy_sys::decommit(addr, n << UNIT_SHIFT).is_ok() {
                             (*d).flags = SPAN_ZEROED;
+                            (*d).spare = 0;
                             let s = desc_index(d);
                             for k in s..s + n {
                                 (*desc(k)).limit = 0;
                             }
-                            self.free_committed_units -= n;
-                            self.stats.bytes_decommitted += (n << UNIT_SHIFT) as u64;
+                            self.free_committed_units -= dirty;
+                            self.stats.bytes_decommitted += (dirty << UNIT_SHIFT) as u64;
                             self.stats.decommits += 1;
-                            done += n << UNIT_SHIFT;
+                            done += dirty << UNIT_SHIFT;
                         }
                     }
                     d = (*d).next;
@@ -452,9 +475,15 @@ impl GlobalState {
                         return Err("a free span's last unit does not point at its head");
                     }
                     units += n;
-                    if (*d).flags & SPAN_COMMITTED != 0 {
-                        committed += n;
+                    let dirty = dirty_units(s, n);
+                    if dirty != (*d).spare as usize {
+                        return Err("a free span's count of committed units disagrees with its clean marks");
                     }
+                    let want = if dirty == 0 { SPAN_ZEROED } else { SPAN_COMMITTED };
+                    if (*d).flags != want {
+                        return Err("a free span's flags disagree with its clean marks");
+                    }
+                    committed += dirty;
                     prev = d;
                     d = (*d).next;
                 }
@@ -484,9 +513,15 @@ fn now_ms() -> u64 {
 #[cfg(test)]
 pub(crate) static TEST_NOW_MS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
 
-fn merge_flags(a: u8, b: u8) -> u8 {
-    // Committed if either part may be; zeroed only if both are.
-    ((a | b) & SPAN_COMMITTED) | (a & b & SPAN_ZEROED)
+/// How many of the units `idx..idx+n` may hold memory: their clean mark
+/// (`Desc::limit` of a free unit, see `GlobalState::free_span`) is not 0.
+///
+/// # Safety
+/// The units are arena units whose descriptors carry clean marks (free, or
+/// just taken from a free span).
+unsafe fn dirty_units(idx: usize, n: usize) -> usize {
+    // SAFETY: forwarded to the caller.
+    (idx..idx + n).filter(|&k| unsafe { (*desc(k)).limit } != 0).count()
 }
 
 /// Take a 1 MiB page (aligned) from the global heap for a thread heap, after

@@ -934,7 +934,7 @@ pub fn collect() -> usize {
     heap::reclaim_abandoned();
     let locked = solo::lock();
     // SAFETY: global lock held.
-    let n = unsafe { global::state().decommit_down_to(0) };
+    let n = unsafe { global::state().decommit_all() };
     solo::unlock(locked);
     n
 }

@@ -343,6 +343,14 @@ fn free_committed() -> usize {
     n
 }
 
+fn global_decay_running() -> bool {
+    let locked = solo::lock();
+    // SAFETY: global lock held.
+    let r = unsafe { global::state().decay_running() };
+    solo::unlock(locked);
+    r
+}
+
 #[test]
 fn free_memory_above_the_retain_limit_goes_back_after_the_delay() {
     let _g = serial();
@@ -382,6 +390,7 @@ fn free_memory_above_the_retain_limit_goes_back_after_the_delay() {
         let p = alloc(chunk);
         assert!(!p.is_null());
         assert!(returned() > before, "decommitted once the delay is over (by an allocation)");
+        assert!(!global_decay_running(), "the delay stops once the excess is gone");
         assert!(free_committed() <= retain / 2);
         unsafe { free(p) };
         // Below the limit the clock starts again.
@@ -393,6 +402,17 @@ fn free_memory_above_the_retain_limit_goes_back_after_the_delay() {
         }
         churn(t0 + 10 * o.decay_ms + o.decay_ms / 2);
         assert_eq!(returned(), mid, "a new excess waits its own delay");
+        assert!(global_decay_running());
+        // collect() gives everything back at once and stops the delay.
+        collect();
+        assert!(returned() > mid);
+        assert!(!global_decay_running(), "collect stops the delay");
+        let mid = returned();
+        let ps: Vec<_> = (0..n).map(|_| alloc(chunk)).collect();
+        for p in ps {
+            unsafe { free(p) };
+        }
+        churn(t0 + 11 * o.decay_ms);
         // A free past the delay gives it back too.
         let p = alloc(chunk);
         assert!(!p.is_null());
@@ -408,6 +428,39 @@ fn free_memory_above_the_retain_limit_goes_back_after_the_delay() {
     solo::unlock(locked);
     assert!(free_committed() <= retain / 2);
     global::TEST_NOW_MS.store(0, core::sync::atomic::Ordering::Relaxed);
+    check_invariants().unwrap();
+}
+
+#[test]
+fn a_span_merged_from_clean_and_committed_pieces_counts_only_the_committed() {
+    let _g = serial();
+    assert!(thread::ensure_init(), "the arena is there");
+    let locked = solo::lock();
+    // SAFETY: the global lock is held throughout; the four units are taken
+    // from the global heap and given back, and the two given back as clean
+    // are decommitted first, so they do read as zero.
+    let (c1, after_merge, decommitted, done, returned) = unsafe {
+        let g = global::state();
+        let (idx, _) = g.alloc_span(4, 1).expect("four units");
+        arena::mark_units(idx, 4, arena::kind::LARGE_BODY);
+        let c1 = g.free_committed_units;
+        canopy_sys::decommit(arena::unit_addr(desc(idx)), 2 * arena::UNIT).expect("decommit");
+        g.free_span(idx, 2, false, usize::MAX, None);
+        assert_eq!(g.free_committed_units, c1, "clean units add nothing");
+        // The second half merges with the clean first half (and with
+        // whatever free neighbours the span has, whose counts stay theirs).
+        g.free_span(idx + 2, 2, true, usize::MAX, None);
+        let after_merge = g.free_committed_units;
+        g.check().expect("free spans");
+        let before = g.stats.bytes_decommitted;
+        let committed = g.free_committed_units;
+        let done = g.decommit_down_to(0);
+        (c1, after_merge, committed, done, g.stats.bytes_decommitted - before)
+    };
+    solo::unlock(locked);
+    assert_eq!(after_merge, c1 + 2, "only the two committed units count after the merge");
+    assert_eq!(done, decommitted * arena::UNIT, "a decommit of everything gives back what was counted");
+    assert_eq!(returned as usize, done, "and reports that, not the clean units it also covered");
     check_invariants().unwrap();
 }
 
