@@ -259,6 +259,21 @@ pub struct RegionStats {
     pub span_slabs: u32,
 }
 
+/// How many slabs of each state one region holds
+/// (`RegionAllocator::slab_counts`): the slab fields of [`RegionStats`]
+/// without its walk over the slabs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlabCounts {
+    /// Slabs with every slot in use.
+    pub full: u32,
+    /// Slabs with some slots in use.
+    pub partial: u32,
+    /// Empty slabs the region keeps (between the watermarks).
+    pub empty: u32,
+    /// Slabs of objects larger than a slab.
+    pub span: u32,
+}
+
 /// Counters of one allocator.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AllocatorStats {
@@ -1700,9 +1715,7 @@ impl RegionAllocator {
                 x = sl.next;
             }
         }
-        // A head the fast path filled is still on its partial list until the
-        // next allocation of its slot size moves it: count it as full.
-        let filled = r.sizes.iter().filter(|l| l.word != NO_WORD && self.bits[l.word as usize] == 0 && self.free_count(l.head) == 0).count() as u32;
+        let c = self.counts_of(s);
         Ok(RegionStats {
             id: rid,
             parent: if s == 0 { None } else { Some(self.rid(r.parent)) },
@@ -1711,11 +1724,27 @@ impl RegionAllocator {
             children: r.children,
             objects,
             bytes,
-            full_slabs: r.n_full + filled,
-            partial_slabs: r.n_partial - filled,
-            empty_slabs: r.n_empty,
-            span_slabs: r.n_span_slabs,
+            full_slabs: c.full,
+            partial_slabs: c.partial,
+            empty_slabs: c.empty,
+            span_slabs: c.span,
         })
+    }
+
+    /// The slab counts of [`region_stats`](Self::region_stats) alone, in
+    /// time proportional to the number of slot sizes (not to the region's
+    /// slabs or objects): for a program that watches a region grow step by
+    /// step.
+    pub fn slab_counts(&self, rid: RegionId) -> Result<SlabCounts, RegionError> {
+        Ok(self.counts_of(self.slot_of(rid)?))
+    }
+
+    fn counts_of(&self, s: usize) -> SlabCounts {
+        let r = &self.regions[s];
+        // A head the fast path filled is still on its partial list until the
+        // next allocation of its slot size moves it: count it as full.
+        let filled = r.sizes.iter().filter(|l| l.word != NO_WORD && self.bits[l.word as usize] == 0 && self.free_count(l.head) == 0).count() as u32;
+        SlabCounts { full: r.n_full + filled, partial: r.n_partial - filled, empty: r.n_empty, span: r.n_span_slabs }
     }
 
     /// The children of `rid`, most recent first.

@@ -61,7 +61,7 @@ mod ranges;
 mod source;
 mod typed;
 
-pub use allocator::{AllocatorStats, InRegion, RegionAllocator, RegionId, RegionStats};
+pub use allocator::{AllocatorStats, InRegion, RegionAllocator, RegionId, RegionStats, SlabCounts};
 pub use config::Config;
 pub use error::RegionError;
 pub use pack::{Packed, PackedRegion, PackedSlab, Run, MAX_UNPACK_GROWTH};

@@ -80,6 +80,17 @@ fn in_region_allocates_like_alloc_and_refuses_dead_regions() {
 /// allocation of the slot size moves it): a slab filled that way is still the
 /// head of its partial list, but counts as full, and a slab that comes back
 /// to the partial list, or a free into the filled slab, sorts it out.
+/// `slab_counts` says what `region_stats` says about slabs.
+fn counts_agree(ra: &RegionAllocator, r: RegionId) {
+    let st = ra.region_stats(r).unwrap();
+    let c = ra.slab_counts(r).unwrap();
+    assert_eq!(
+        (c.full, c.partial, c.empty, c.span),
+        (st.full_slabs, st.partial_slabs, st.empty_slabs, st.span_slabs),
+        "slab_counts and region_stats of {r:?}"
+    );
+}
+
 #[test]
 fn a_slab_filled_on_the_fast_path_counts_as_full_until_the_cursor_moves() {
     let mut ra = RegionAllocator::new();
@@ -90,6 +101,7 @@ fn a_slab_filled_on_the_fast_path_counts_as_full_until_the_cursor_moves() {
     let a: Vec<_> = (0..per).map(|_| inr.alloc(64).unwrap()).collect();
     let st = inr.allocator().region_stats(r).unwrap();
     assert_eq!((st.full_slabs, st.partial_slabs, st.objects), (1, 0, per as u64));
+    counts_agree(inr.allocator(), r);
     inr.allocator().check().unwrap();
     // A free into the filled head: its slot is the next one handed out.
     inr.free(a[10]).unwrap();
@@ -101,18 +113,23 @@ fn a_slab_filled_on_the_fast_path_counts_as_full_until_the_cursor_moves() {
     let b: Vec<_> = (0..per).map(|_| inr.alloc(64).unwrap()).collect();
     let st = inr.allocator().region_stats(r).unwrap();
     assert_eq!((st.full_slabs, st.partial_slabs), (2, 0));
+    counts_agree(inr.allocator(), r);
     inr.free(a[3]).unwrap();
     inr.allocator().check().unwrap();
     let st = inr.allocator().region_stats(r).unwrap();
     assert_eq!((st.full_slabs, st.partial_slabs), (1, 1));
+    counts_agree(inr.allocator(), r);
     assert_eq!(inr.alloc(64).unwrap(), a[3]);
     // By id too, and a size-0 request next to a live cursor.
     let c = ra.alloc(64, r).unwrap();
     assert!(!a.contains(&c) && !b.contains(&c));
     ra.alloc(0, r).unwrap();
+    ra.alloc(3 * ra.config().slab_size, r).unwrap();
     ra.check().unwrap();
-    assert_eq!(ra.region_stats(r).unwrap().objects, 2 * per as u64 + 2);
+    assert_eq!(ra.region_stats(r).unwrap().objects, 2 * per as u64 + 3);
+    counts_agree(&ra, r);
     ra.rfree(r).unwrap();
+    assert!(ra.slab_counts(r).is_err(), "a freed region has no counts");
 }
 
 #[test]

@@ -29,7 +29,7 @@ use std::ptr::NonNull;
 use std::time::Instant;
 
 use anyhow::{anyhow, Result};
-use canopy_region::{RegionAllocator, RegionId, RegionStats};
+use canopy_region::{RegionAllocator, RegionId, RegionStats, SlabCounts};
 use plotters::prelude::*;
 use serde::Serialize;
 use serde_json::json;
@@ -141,16 +141,8 @@ pub struct Sample {
 }
 
 impl Sample {
-    fn of(step: usize, requested: u64, st: &RegionStats) -> Sample {
-        Sample {
-            step,
-            requested,
-            objects: st.objects,
-            full: st.full_slabs,
-            partial: st.partial_slabs,
-            empty: st.empty_slabs,
-            span: st.span_slabs,
-        }
+    fn of(step: usize, requested: u64, objects: u64, c: &SlabCounts) -> Sample {
+        Sample { step, requested, objects, full: c.full, partial: c.partial, empty: c.empty, span: c.span }
     }
 
     /// Slabs holding live objects.
@@ -245,7 +237,9 @@ pub struct PartResult {
     pub allocs_with_holes: u64,
     /// Of those, allocations that landed in a slab with no live object.
     pub hole_first_violations: u64,
-    /// Samples where the allocator's counters disagreed with the model.
+    /// Samples where the allocator's account (`region_stats`: objects and
+    /// slabs) disagreed with the model, or its step-by-step `slab_counts`
+    /// with that account.
     pub model_mismatches: u64,
     /// Seconds the part took (allocator and model together).
     pub seconds: f64,
@@ -384,7 +378,15 @@ impl Model {
         }
     }
 
-    fn agrees(&self, st: &RegionStats) -> bool {
+    /// Whether the region's own account (`region_stats`, which walks its
+    /// slabs) matches the model's, and its cheap counts match that account.
+    fn agrees(&self, st: &RegionStats, c: &SlabCounts, objects: u64) -> bool {
+        st.objects == objects
+            && (st.full_slabs, st.partial_slabs, st.empty_slabs, st.span_slabs) == (c.full, c.partial, c.empty, c.span)
+            && self.agrees_counts(st)
+    }
+
+    fn agrees_counts(&self, st: &RegionStats) -> bool {
         self.full == st.full_slabs as u64
             && self.partial.iter().sum::<u64>() == st.partial_slabs as u64
             && self.span == st.span_slabs as u64
@@ -435,27 +437,33 @@ pub fn run_part(part: &Part, steps: usize, seed: u64, samples: usize) -> Result<
     let (mut peak_req, mut peak_in_use, mut peak_partial) = (0u64, 0u64, 0u32);
     let mut at_peak = None;
     let mut phase_rows: Vec<PhaseRow> = Vec::new();
+    // Each step reads the slab counts (a look at each slot size); the
+    // samples also read `region_stats`, which walks every slab, and check it.
+    let counts = |ra: &RegionAllocator| {
+        ra.slab_counts(rid)
+            .map_err(|e| anyhow!("slab_counts: {e}"))
+    };
     let stats = |ra: &RegionAllocator| {
         ra.region_stats(rid)
             .map_err(|e| anyhow!("region_stats: {e}"))
     };
-    out.push(Sample::of(0, 0, &stats(&ra)?));
+    out.push(Sample::of(0, 0, 0, &counts(&ra)?));
     let t0 = Instant::now();
     for step in 0..steps {
         let ph = step * nph / steps;
         if phase_rows.len() == ph {
-            let st = stats(&ra)?;
+            let st = counts(&ra)?;
             phase_rows.push(PhaseRow {
                 phase: ph,
                 p_alloc: part.phases[ph],
                 allocs: 0,
                 frees: 0,
                 holes_at_start: model.holes_total(),
-                partial_at_start: st.partial_slabs,
+                partial_at_start: st.partial,
                 allocs_before_new_slab: None,
                 new_slabs: 0,
                 end: Sample::default(),
-                peak_partial: st.partial_slabs,
+                peak_partial: st.partial,
             });
         }
         let row = phase_rows.last_mut().expect("pushed above");
@@ -492,20 +500,20 @@ pub fn run_part(part: &Part, steps: usize, seed: u64, samples: usize) -> Result<
             frees += 1;
             row.frees += 1;
         }
-        let st = stats(&ra)?;
-        let s = Sample::of(step + 1, requested, &st);
-        partial_trace.push(st.partial_slabs);
+        let st = counts(&ra)?;
+        let s = Sample::of(step + 1, requested, live.len() as u64, &st);
+        partial_trace.push(st.partial);
         in_use_trace.push(s.in_use());
-        row.peak_partial = row.peak_partial.max(st.partial_slabs);
+        row.peak_partial = row.peak_partial.max(st.partial);
         row.end = s;
-        peak_partial = peak_partial.max(st.partial_slabs);
+        peak_partial = peak_partial.max(st.partial);
         peak_in_use = peak_in_use.max(s.in_use());
         if requested > peak_req {
             peak_req = requested;
             at_peak = Some(s);
         }
         if (step + 1) % every == 0 || step + 1 == steps {
-            if !model.agrees(&st) {
+            if !model.agrees(&stats(&ra)?, &st, live.len() as u64) {
                 mismatches += 1;
             }
             out.push(s);
