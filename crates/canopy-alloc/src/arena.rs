@@ -312,6 +312,13 @@ pub fn free_mark() -> usize {
     FREE_KEY.load(Ordering::Relaxed) ^ 1
 }
 
+/// The mark a batch of remote frees carries in its second word (see
+/// `heap::Batch`): neither `flight_tag()` nor `free_mark()`.
+#[inline(always)]
+pub fn batch_tag() -> usize {
+    FREE_KEY.load(Ordering::Relaxed) ^ 0x10
+}
+
 pub(crate) static FREE_KEY: AtomicUsize = AtomicUsize::new(0x5bd1_e995_a3c5_9ac3);
 
 /// Pick the process's flight-tag key (from the arena address and the clock).

@@ -22,9 +22,15 @@
 //! new page from the global heap.
 //!
 //! Frees by another thread are messages to the owner: the freeing thread
-//! batches them per destination heap in its [`RemoteCache`] and sends a batch
-//! with one atomic swap into the owner's inbox (`canopy_sync::MpscQueue`);
-//! the owner drains its inbox on its slow path.
+//! collects the freed pointers per destination heap in a *batch*, a small
+//! block of its own holding up to `CANOPY_REMOTE_BATCH` pointers (see
+//! [`Batch`]), and sends the batch with one atomic swap into the owner's
+//! inbox (`canopy_sync::MpscQueue`); the owner drains its inbox on its slow
+//! path and hands each emptied batch back to the heap that made it (its
+//! `spares` queue), which reuses it.  Because the pointers travel in an
+//! array rather than linked through the freed blocks, the owner does not
+//! chase a chain of blocks that sit in the freeing thread's cache (one miss
+//! after another): it walks the array and its loads of the blocks overlap.
 //!
 //! A heap outlives its thread: when the thread exits, the heap is *abandoned*
 //! (its slabs lose their owner, empty pages go back to the global heap) and
@@ -117,16 +123,45 @@ unsafe impl Sync for SyncCursor {}
 /// What `direct` points at in [`EMPTY_HEAP`].
 pub(crate) static EMPTY_CURSOR: SyncCursor = SyncCursor(Cursor::empty());
 
-/// A batch of frees for one destination heap.
+/// A batch being filled for one destination heap.
 #[derive(Clone, Copy)]
 struct RemoteSlot {
     heap: *mut Heap,
-    first: *mut Node,
-    last: *mut Node,
+    /// The batch block (null: none yet).
+    batch: *mut Batch,
     count: usize,
 }
 
-const EMPTY_SLOT: RemoteSlot = RemoteSlot { heap: ptr::null_mut(), first: ptr::null_mut(), last: ptr::null_mut(), count: 0 };
+const EMPTY_SLOT: RemoteSlot = RemoteSlot { heap: ptr::null_mut(), batch: ptr::null_mut(), count: 0 };
+
+/// A batch of remote frees on its way to the owning heap: a small block of
+/// the sending heap, queued in the owner's inbox by its first word.  Its
+/// second word, where a freed block carries `flight_tag()`, carries
+/// [`arena::batch_tag`], so the owner tells a batch from a single block
+/// pushed by a thread without a heap (`push_direct`).
+#[repr(C)]
+pub(crate) struct Batch {
+    link: Node,
+    tag: usize,
+    count: usize,
+    ptrs: [*mut u8; 0],
+}
+
+/// Most pointers a batch holds: a batch block stays a small block.
+pub(crate) const MAX_BATCH: usize = (crate::size_class::SMALL_MAX - core::mem::size_of::<Batch>()) / 8;
+
+/// [`batch_shape`] for the tests.
+#[cfg(test)]
+pub(crate) fn batch_shape_for_tests() -> (usize, usize) {
+    batch_shape()
+}
+
+/// Pointers per batch (`CANOPY_REMOTE_BATCH`, at most [`MAX_BATCH`]) and the
+/// small class of a batch block.
+fn batch_shape() -> (usize, usize) {
+    let cap = crate::options().remote_batch.clamp(1, MAX_BATCH);
+    (cap, crate::size_class::small_class_index(core::mem::size_of::<Batch>() + 8 * cap))
+}
 
 /// Figures a heap publishes for the statistics (read by other threads).
 pub(crate) struct Published {
@@ -216,8 +251,11 @@ pub struct Heap {
     seen_epoch: usize,
     /// Published statistics.
     pub(crate) published: Published,
-    /// Incoming remote frees (written by other threads).
+    /// Incoming remote frees (written by other threads): batches, and single
+    /// blocks from threads without a heap.
     inbox: CachePadded<MpscQueue>,
+    /// Batches this heap made, emptied and handed back by their receivers.
+    spares: CachePadded<MpscQueue>,
     /// The inbox can no longer be trusted: a node taken from it was not a
     /// block in flight to this heap.  Both free paths refuse a block whose
     /// tag marks it in flight, so this takes a double free that races with
@@ -309,6 +347,7 @@ impl Heap {
             seen_epoch: 0,
             published: Published { blocks: [ZERO; NUM_CLASSES], slabs: [ZERO; SMALL_CLASSES], counters: [ZERO; COUNTERS], pages: ZERO, small_allocs: ZERO },
             inbox: CachePadded::new(MpscQueue::new()),
+            spares: CachePadded::new(MpscQueue::new()),
             inbox_broken: false,
             next_all: ptr::null_mut(),
             next_abandoned: ptr::null_mut(),
@@ -331,6 +370,7 @@ impl Heap {
                 }
             }
             (*at).inbox.init();
+            (*at).spares.init();
         }
     }
 
@@ -378,6 +418,19 @@ impl Heap {
             // their slabs' bitmaps), send ours; then the lowest word of the
             // current slab with a free slot.
             self.maintenance();
+            self.alloc_small_refill(c)
+        }
+    }
+
+    /// [`alloc_small_slow`](Self::alloc_small_slow) without the maintenance
+    /// (no inbox drained, no batch sent): for a block the heap needs for
+    /// itself in the middle of a remote free.
+    ///
+    /// # Safety
+    /// Called by the owning thread only.
+    unsafe fn alloc_small_refill(&mut self, c: usize) -> *mut u8 {
+        // SAFETY: owner thread (caller's contract) for everything below.
+        unsafe {
             let d = self.cur[c];
             if d != empty_desc() {
                 if let Some(p) = self.take_from(c, d) {
@@ -649,42 +702,87 @@ impl Heap {
 
     /// Queue a free of `p` (a block of another heap `target`) for sending.
     pub(crate) unsafe fn free_remote(&mut self, target: *mut Heap, p: *mut u8) {
-        let node = p as *mut Node;
         let slot_i = (target as usize >> 6) % REMOTE_SLOTS;
-        let batch = crate::options().remote_batch;
+        let (cap, _) = batch_shape();
         self.counters.remote_frees_sent += 1;
-        // SAFETY: p is a dead block we may link through; slot is ours.
+        // SAFETY: p is a dead block of `target` in flight (caller's
+        // contract); the batches in our slots are ours to fill.
         unsafe {
-            let slot = &mut self.remote[slot_i];
-            if slot.heap != target && slot.count > 0 {
-                let s = *slot;
-                *slot = EMPTY_SLOT;
-                self.send(s);
-            }
-            let slot = &mut self.remote[slot_i];
-            slot.heap = target;
-            (*node).next.store(slot.first, Ordering::Relaxed);
-            if slot.first.is_null() {
-                slot.last = node;
-            }
-            slot.first = node;
-            slot.count += 1;
-            if slot.count >= batch {
-                let s = *slot;
-                *slot = EMPTY_SLOT;
-                self.send(s);
+            loop {
+                let slot = self.remote[slot_i];
+                if slot.heap == target && !slot.batch.is_null() {
+                    let b = slot.batch;
+                    *(*b).ptrs.as_mut_ptr().add(slot.count) = p;
+                    let count = slot.count + 1;
+                    if count >= cap {
+                        self.remote[slot_i] = EMPTY_SLOT;
+                        self.send(RemoteSlot { heap: target, batch: b, count });
+                    } else {
+                        self.remote[slot_i].count = count;
+                    }
+                    return;
+                }
+                if !slot.batch.is_null() {
+                    // Another destination's batch: send it (or keep its
+                    // block if it is empty) and start one for `target`.
+                    self.remote[slot_i] = EMPTY_SLOT;
+                    if slot.count > 0 {
+                        self.send(slot);
+                        continue;
+                    }
+                    self.remote[slot_i] = RemoteSlot { heap: target, batch: slot.batch, count: 0 };
+                    continue;
+                }
+                // No batch block at hand.  Taking one may run other frees of
+                // this thread (`new_slab` takes in abandoned heaps' frees),
+                // so the slot is read again afterwards.
+                let b = self.take_batch();
+                if b.is_null() {
+                    // Out of memory: the block goes alone, as from a thread
+                    // without a heap.
+                    push_direct(target, p);
+                    return;
+                }
+                if self.remote[slot_i].batch.is_null() {
+                    self.remote[slot_i] = RemoteSlot { heap: target, batch: b, count: 0 };
+                } else {
+                    (*b).link.next.store(ptr::null_mut(), Ordering::Relaxed);
+                    self.spares.push(b as *mut Node);
+                }
             }
         }
     }
 
-    unsafe fn send(&mut self, s: RemoteSlot) {
-        if s.count == 0 {
-            return;
+    /// An empty batch block: one handed back by a receiver, or a new block
+    /// of this heap (null if memory is exhausted).
+    unsafe fn take_batch(&mut self) -> *mut Batch {
+        // SAFETY: this heap's thread is the only consumer of its spares; a
+        // new block is ours.
+        unsafe {
+            let mut b = self.spares.pop() as *mut Batch;
+            if b.is_null() {
+                let (_, c) = batch_shape();
+                b = self.alloc_small_refill(c) as *mut Batch;
+                if b.is_null() {
+                    return b;
+                }
+                (*b).tag = arena::batch_tag();
+            }
+            debug_assert_eq!((*b).tag, arena::batch_tag(), "a spare batch lost its tag");
+            (*b).count = 0;
+            b
         }
+    }
+
+    unsafe fn send(&mut self, s: RemoteSlot) {
+        debug_assert!(s.count > 0 && !s.batch.is_null());
         self.counters.remote_batches_sent += 1;
-        // SAFETY: the chain first..last is linked and owned by us; the target
-        // heap is never freed (heaps are recycled, not unmapped).
-        unsafe { (*s.heap).inbox.push_chain(s.first, s.last) };
+        // SAFETY: the batch block is ours until pushed; the target heap is
+        // never freed (heaps are recycled, not unmapped).
+        unsafe {
+            (*s.batch).count = s.count;
+            (*s.heap).inbox.push(s.batch as *mut Node);
+        }
     }
 
     /// Send every pending remote batch.
@@ -699,6 +797,42 @@ impl Heap {
         }
     }
 
+    /// Give back the empty batch blocks this heap holds (slots and spares):
+    /// before the heap is abandoned.
+    unsafe fn release_batches(&mut self) {
+        // SAFETY: owner; the blocks are this heap's (made by `take_batch`).
+        unsafe {
+            for i in 0..REMOTE_SLOTS {
+                let s = self.remote[i];
+                if !s.batch.is_null() {
+                    debug_assert_eq!(s.count, 0, "release_batches after flush_remote");
+                    self.remote[i] = EMPTY_SLOT;
+                    self.free_own_block(s.batch as *mut u8);
+                }
+            }
+            loop {
+                let b = self.spares.pop();
+                if b.is_null() {
+                    break;
+                }
+                self.free_own_block(b as *mut u8);
+            }
+        }
+    }
+
+    /// Free a small block this heap allocated for itself.
+    unsafe fn free_own_block(&mut self, p: *mut u8) {
+        // SAFETY: p is a live small block of this heap (caller's contract).
+        unsafe {
+            let d = desc(arena::unit_index(p as usize));
+            if crate::options().check {
+                let _ = crate::check::check_and_clear(d, p);
+            }
+            let r = self.free_small_local(d, p);
+            debug_assert!(r.is_ok(), "a batch block of this heap was not live");
+        }
+    }
+
     /// Take every block other threads have freed to us and free it locally.
     pub(crate) unsafe fn drain_inbox(&mut self) {
         if self.inbox_broken || self.inbox.is_empty_hint() {
@@ -710,10 +844,17 @@ impl Heap {
             if n.is_null() {
                 break;
             }
-            self.counters.remote_frees_received += 1;
             // SAFETY: n was linked into our inbox by a trusted link (every
-            // node before it was a block in flight to us).
-            if !unsafe { self.free_owned(n as *mut u8) } {
+            // node before it was a batch or a block in flight to us).
+            let ok = unsafe {
+                if (*(n as *mut Block)).tag == arena::batch_tag() && self.take_batch_in(n as *mut Batch) {
+                    true
+                } else {
+                    self.counters.remote_frees_received += 1;
+                    self.free_owned(n as *mut u8, true)
+                }
+            };
+            if !ok {
                 // Its link to the next node is not to be followed (see
                 // `inbox_broken`).  From now on no page of this heap goes
                 // back to the global heap: the inbox's tail may lie in any.
@@ -724,12 +865,49 @@ impl Heap {
         }
     }
 
-    /// Free a block sent to this heap (from the inbox).  Returns false, after
-    /// reporting it, if `p` is not a block in flight to this heap.
-    unsafe fn free_owned(&mut self, p: *mut u8) -> bool {
+    /// Free every block of batch `b` (from the inbox) and hand the batch back
+    /// to the heap that made it.  False, changing nothing, if `b` is not a
+    /// batch block (a single block whose data matched the batch tag).
+    unsafe fn take_batch_in(&mut self, b: *mut Batch) -> bool {
+        // SAFETY: b came through our inbox; it is checked to be a live small
+        // block of another heap before its fields are trusted.
+        unsafe {
+            let idx = arena::unit_index(b as usize);
+            if idx >= arena::arena_units() {
+                return false;
+            }
+            let d = desc(idx);
+            let maker = (*d).heap.load(Ordering::Relaxed);
+            let n = (*b).count;
+            if (*d).kind != kind::SMALL || core::ptr::eq(maker, self) || maker.is_null() || n == 0 || n > MAX_BATCH || small_slot_start(d, b as *mut u8).is_none() {
+                return false;
+            }
+            let ptrs = (*b).ptrs.as_ptr();
+            self.counters.remote_frees_received += n as u64;
+            for i in 0..n {
+                #[cfg(target_arch = "x86_64")]
+                if i + 4 < n {
+                    // The blocks sit in the sender's cache: start the next
+                    // loads now so that their misses overlap.
+                    core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(*ptrs.add(i + 4) as *const i8);
+                }
+                // A pointer that is no longer a block in flight to us was
+                // reported; the rest of the batch is unaffected.
+                self.free_owned(*ptrs.add(i), false);
+            }
+            (*b).link.next.store(ptr::null_mut(), Ordering::Relaxed);
+            (*maker).spares.push(b as *mut Node);
+            true
+        }
+    }
+
+    /// Free a block sent to this heap (from the inbox: `linked`, a single
+    /// block queued by its first word, or from a batch).  Returns false,
+    /// after reporting it, if `p` is not a block in flight to this heap.
+    unsafe fn free_owned(&mut self, p: *mut u8, linked: bool) -> bool {
         let idx = arena::unit_index(p as usize);
         if idx >= arena::arena_units() {
-            crate::report::bad_inbox_node(p);
+            crate::report::bad_inbox_node(p, linked);
             return false;
         }
         // SAFETY: idx is an arena unit; p is validated before it is used.
@@ -749,14 +927,14 @@ impl Heap {
                         // owner freed it too: refused here, exactly.
                         Err(BadFree::DoubleFree) => crate::report::bad_free("free", p, BadFree::DoubleFree, (*d).b as usize, Some((*d).class as usize)),
                         Err(_) => {
-                            crate::report::bad_inbox_node(p);
+                            crate::report::bad_inbox_node(p, linked);
                             return false;
                         }
                     }
                 }
                 kind::MEDIUM if mine && crate::medium::Medium::is_in_flight(p) => self.medium.free_in_flight(&mut self.counters, p),
                 _ => {
-                    crate::report::bad_inbox_node(p);
+                    crate::report::bad_inbox_node(p, linked);
                     return false;
                 }
             }
@@ -842,6 +1020,7 @@ impl Heap {
         unsafe {
             self.drain_inbox();
             self.flush_remote();
+            self.release_batches();
             if self.inbox_broken {
                 self.retire_keeping_memory();
                 return;

@@ -134,12 +134,20 @@ fn finish(b: &mut Buf, n: usize, outcome: &str) {
 /// block was reused meanwhile, so the inbox from that node on is given up
 /// (see `Heap::inbox_broken`).
 #[cold]
-pub(crate) fn bad_inbox_node(p: *const u8) {
+/// `linked`: the block was queued by its own first word (a free from a
+/// thread without a heap), so the inbox behind it cannot be trusted; else it
+/// came in a batch, and only it is dropped.
+pub(crate) fn bad_inbox_node(p: *const u8, linked: bool) {
     let n = REPORTED.fetch_add(1, Ordering::Relaxed);
     let mut b = Buf::new();
     b.str("canopy: free(").hex(p as usize).str("): a remote free reached the owning thread as something other than a block in flight to it (a double free racing with the remote free, or a block reused meanwhile)");
-    finish(&mut b, n, "; the owner's inbox is given up and its memory kept
+    if linked {
+        finish(&mut b, n, "; the owner's inbox is given up and its memory kept
 ");
+    } else {
+        finish(&mut b, n, "; that free is dropped
+");
+    }
 }
 
 #[cfg(test)]

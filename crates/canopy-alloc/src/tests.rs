@@ -741,6 +741,119 @@ fn a_block_freed_again_while_in_flight_is_refused_and_the_inbox_stays_whole() {
     check_invariants().unwrap();
 }
 
+/// Run `f` on a thread that has a heap (it allocates first), so that its
+/// frees of other threads' blocks travel in batches.
+fn on_thread_with_heap<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    std::thread::spawn(move || {
+        let own = alloc(24);
+        assert!(!own.is_null());
+        let r = f();
+        unsafe { free(own) };
+        r
+    })
+    .join()
+    .unwrap()
+}
+
+#[test]
+fn remote_frees_travel_in_batches_that_go_back_to_their_maker() {
+    let _g = shared();
+    let (cap, _) = crate::heap::batch_shape_for_tests();
+    let n = 10 * cap + 3;
+    // SAFETY (reads of our own heap's counters): the heap is this thread's.
+    let received = || unsafe { (*tls_heap()).counters.remote_frees_received };
+    let blocks: Vec<usize> = (0..n).map(|_| alloc(64) as usize).collect();
+    // (After the first allocation: this thread's heap may be an adopted one.)
+    let before = received();
+    // Another thread with a heap frees them in two rounds; between the rounds
+    // we drain, which hands its batches back: the second round reuses them
+    // and allocates nothing of its own.
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<usize>>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<u64>();
+    let t = std::thread::spawn(move || {
+        on_thread_with_heap(move || {
+            let mut made = Vec::new();
+            for round in rx {
+                // SAFETY: our own heap.
+                let allocs = || unsafe { (*tls_heap()).allocs };
+                let a0 = allocs();
+                for p in round {
+                    unsafe { free(p as *mut u8) };
+                }
+                collect(); // sends the last, partial batch
+                made.push(allocs() - a0);
+                done_tx.send(0).unwrap();
+            }
+            made
+        })
+    });
+    let (first, second) = blocks.split_at(n / 2);
+    tx.send(first.to_vec()).unwrap();
+    done_rx.recv().unwrap();
+    collect();
+    assert_eq!(received() - before, first.len() as u64, "every block of the first round came back");
+    tx.send(second.to_vec()).unwrap();
+    drop(tx);
+    done_rx.recv().unwrap();
+    collect();
+    assert_eq!(received() - before, n as u64, "and of the second");
+    let made = t.join().unwrap();
+    assert!(made[0] > 0, "the first round made its batch blocks");
+    assert_eq!(made[1], 0, "the second round reused the batches handed back");
+    // The blocks are free in their slabs: allocating again finds them.
+    let again: std::collections::HashSet<usize> = (0..n).map(|_| alloc(64) as usize).collect();
+    assert!(blocks.iter().filter(|p| again.contains(p)).count() >= n / 2, "the freed blocks are reused");
+    check_invariants().unwrap();
+    for p in again {
+        unsafe { free(p as *mut u8) };
+    }
+}
+
+#[test]
+fn a_block_freed_by_its_owner_while_in_a_batch_is_dropped_and_the_inbox_stays_whole() {
+    let _g = serial();
+    if options().check {
+        return; // check mode aborts at the second free
+    }
+    let before = report::bad_frees();
+    let (cap, _) = crate::heap::batch_shape_for_tests();
+    let blocks: Vec<usize> = (0..3 * cap).map(|_| alloc(64) as usize).collect();
+    let r = blocks[cap + 1];
+    // Another thread with a heap frees them all (r among them, in the
+    // second batch).  The owner then frees r again as if its free had raced
+    // ahead of the other thread's (the tag check passed before the
+    // in-flight tag landed), simulated by clearing the tag.
+    let sent = blocks.clone();
+    on_thread_with_heap(move || {
+        for p in sent {
+            unsafe { free(p as *mut u8) };
+        }
+    });
+    // SAFETY: r is a block of this heap, in flight to it.
+    unsafe {
+        (*(r as *mut arena::Block)).tag = 0;
+        free(r as *mut u8);
+    }
+    collect();
+    assert_eq!(report::bad_frees() - before, 1, "the batch's stale entry is reported");
+    // SAFETY: our own heap, read by its owner.
+    assert!(!unsafe { (*tls_heap()).inbox_broken }, "a batch entry cannot break the inbox");
+    check_invariants().unwrap();
+    // Every block is free exactly once: allocating until r comes back gives
+    // distinct blocks.
+    let mut again: Vec<usize> = Vec::new();
+    while again.len() < 100_000 && !again.contains(&r) {
+        again.extend((0..1000).map(|_| alloc(64) as usize));
+    }
+    let set: std::collections::HashSet<usize> = again.iter().copied().collect();
+    assert_eq!(set.len(), again.len(), "no block handed out twice");
+    assert!(set.contains(&r), "r is free once, and found again");
+    for p in again {
+        unsafe { free(p as *mut u8) };
+    }
+    check_invariants().unwrap();
+}
+
 #[test]
 fn pages_taken_and_given_back_at_once_keep_the_span_bins_sound() {
     let _g = shared();
