@@ -563,7 +563,7 @@ pub fn run_part(part: &Part, steps: usize, seed: u64, samples: usize) -> Result<
     });
     criteria.push(Criterion {
         name: "the allocator's slab counters agree with an independent model".into(),
-        rule: "full, partial and spanning slab counts equal those of the program's own model of every slab, at every sample".into(),
+        rule: "at every sample, region_stats' full, partial and spanning slab counts equal those of the program's own model of every slab, its objects the program's live objects, and the step-by-step slab_counts equal region_stats'".into(),
         measured: format!("{mismatches} of {} samples disagree", out.len() - 1),
         met: mismatches == 0,
     });
