@@ -8,7 +8,7 @@
 //! | `CANOPY_RETAIN_MB` | 64 | free memory the global heap keeps committed; what is above it for `CANOPY_DECAY_MS` is decommitted (largest spans first) down to half of it |
 //! | `CANOPY_DECAY_MS` | 1000 | how long free memory may stay above `CANOPY_RETAIN_MB` before it is decommitted (0: at once); a program that frees and allocates the same memory again within that time keeps it committed |
 //! | `CANOPY_HEAP_RETAIN_PAGES` | 2 | fully free 1 MiB pages a thread heap keeps before giving them back to the global heap |
-//! | `CANOPY_REMOTE_BATCH` | 32 | frees to another thread's memory collected per destination before one swap sends them |
+//! | `CANOPY_REMOTE_BATCH` | 32 | frees to another thread's memory collected per destination before one swap sends them (at most 1021, the pointers a batch block holds) |
 //! | `CANOPY_HUGE_PAGES` | 0 | ask for transparent huge pages on the arena |
 //! | `CANOPY_SOLO_UNLOCKED` | 1 | the global heap takes no lock while only one thread has a heap |
 //! | `CANOPY_VERBOSE` | 0 | print the statistics table to stderr at exit (and warnings about bad frees in the default mode) |

@@ -3,9 +3,10 @@
 //! Producers append a whole pre-linked chain `first ..= last` with **one atomic
 //! swap** on `tail` followed by one release store that links the chain after
 //! the previous tail.  The single consumer walks from `head`.  The allocator
-//! uses it for remote frees: a freed block's first word is its [`Node`], a
-//! batch of blocks for one owner is a chain, and the owner drains its queue on
-//! its slow path.
+//! uses it for remote frees: a batch (a block holding the freed pointers for
+//! one owner) or a lone freed block is queued by its first word, its
+//! [`Node`], and the owner drains its queue on its slow path; and to hand
+//! emptied batches back to the heap that made them.
 //!
 //! ```text
 //!   head (consumer)                          tail (producers swap)
