@@ -887,9 +887,11 @@ impl Heap {
             for i in 0..n {
                 #[cfg(target_arch = "x86_64")]
                 if i + 4 < n {
-                    // The blocks sit in the sender's cache: start the next
-                    // loads now so that their misses overlap.
-                    core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(*ptrs.add(i + 4) as *const i8);
+                    // The blocks sit in the sender's cache: ask for the
+                    // lines a few entries ahead, for writing (the tag is
+                    // written), so that their misses overlap.
+                    // SAFETY: a prefetch never faults and changes no memory.
+                    core::arch::asm!("prefetchw [{0}]", in(reg) *ptrs.add(i + 4), options(nostack, preserves_flags, readonly));
                 }
                 // A pointer that is no longer a block in flight to us was
                 // reported; the rest of the batch is unaffected.
@@ -899,6 +901,16 @@ impl Heap {
             (*maker).spares.push(b as *mut Node);
             true
         }
+    }
+
+    /// Free a block of this heap that its thread marked in flight before it
+    /// found the heap was its own (see `batching_heap` in lib.rs).
+    ///
+    /// # Safety
+    /// Owner thread; `p` is a block of this heap marked in flight.
+    pub(crate) unsafe fn free_sent_home(&mut self, p: *mut u8) {
+        // SAFETY: forwarded.
+        unsafe { self.free_owned(p, false) };
     }
 
     /// Free a block sent to this heap (from the inbox: `linked`, a single

@@ -673,17 +673,37 @@ unsafe fn free_small_slow(d: *mut Desc, p: *mut u8, call: &'static str) {
 }
 
 /// Send a free to the owning heap: batched through this thread's heap, or
-/// pushed directly if this thread has none.
+/// pushed directly if this thread cannot have one.
 unsafe fn send_remote(me: *mut Heap, owner: *mut Heap, p: *mut u8) {
     // SAFETY: p is a validated block of `owner`, dead from now on.
     unsafe {
         (*(p as *mut Block)).tag = flight_tag();
-        if me != empty_heap() && !me.is_null() && (*me).tid != 0 && (*me).tid != DEAD_TID {
-            (*me).free_remote(owner, p);
-        } else {
+        let me = batching_heap(me);
+        if me.is_null() {
             heap::push_direct(owner, p);
+        } else if me == owner {
+            // The heap this thread just took is the block's (adopted from
+            // the thread that made the block): the free is local after all.
+            (*me).free_sent_home(p);
+        } else {
+            (*me).free_remote(owner, p);
         }
     }
+}
+
+/// The heap a remote free of this thread is batched in: its own, or a new
+/// one if it has none yet (a thread that only frees, such as the consumer of
+/// a producer/consumer pair, would otherwise push each free alone, one
+/// atomic swap and one chained block each).  Null if it cannot have one.
+unsafe fn batching_heap(me: *mut Heap) -> *mut Heap {
+    if me == empty_heap() {
+        return thread::acquire_heap();
+    }
+    // SAFETY: a heap pointer from this thread's slot is a heap.
+    if me.is_null() || unsafe { (*me).tid == 0 || (*me).tid == DEAD_TID } {
+        return ptr::null_mut();
+    }
+    me
 }
 
 unsafe fn free_medium(d: *mut Desc, p: *mut u8, call: &'static str) {
@@ -705,10 +725,16 @@ unsafe fn free_medium(d: *mut Desc, p: *mut u8, call: &'static str) {
                     }
                 } else if !medium::Medium::mark_in_flight(p) {
                     report::bad_free(call, p, BadFree::DoubleFree, 0, None);
-                } else if me != empty_heap() && (*me).tid != 0 && (*me).tid != DEAD_TID {
-                    (*me).free_remote(owner, p);
                 } else {
-                    heap::push_direct(owner, p);
+                    let me = batching_heap(me);
+                    if me.is_null() {
+                        heap::push_direct(owner, p);
+                    } else if me == owner {
+                        // As in `send_remote`.
+                        (*me).free_sent_home(p);
+                    } else {
+                        (*me).free_remote(owner, p);
+                    }
                 }
             }
         }

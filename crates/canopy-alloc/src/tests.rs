@@ -854,6 +854,51 @@ fn a_block_freed_by_its_owner_while_in_a_batch_is_dropped_and_the_inbox_stays_wh
     check_invariants().unwrap();
 }
 
+/// Free small block `r` of this thread's heap as a thread that has no heap
+/// and cannot take one (one freeing after its heap was given up) does: the
+/// block alone, linked into the owner's inbox through its own first word.
+fn free_as_a_thread_without_a_heap(r: usize) {
+    // SAFETY: r is a live small block of this thread's heap; this is what
+    // `send_remote` does for such a thread.
+    unsafe {
+        let d = desc(arena::unit_index(r));
+        let owner = (*d).heap.load(core::sync::atomic::Ordering::Relaxed);
+        assert_eq!(owner, tls_heap());
+        (*(r as *mut arena::Block)).tag = arena::flight_tag();
+        crate::heap::push_direct(owner, r as *mut u8);
+    }
+}
+
+#[test]
+fn a_thread_that_only_frees_gets_a_heap_and_batches_its_frees() {
+    let _g = serial();
+    let before = report::bad_frees();
+    let direct = || crate::heap::DIRECT_REMOTE_FREES.load(core::sync::atomic::Ordering::Relaxed);
+    // Blocks of a thread that has exited: its heap is abandoned, and the
+    // freeing thread below, which has no heap, may adopt it as it takes one
+    // for its first free (the free is then its own).
+    let gone: Vec<usize> = std::thread::spawn(|| (0..500).map(|_| alloc(48) as usize).collect()).join().unwrap();
+    let live: Vec<usize> = (0..500).map(|_| alloc(48) as usize).collect();
+    let d0 = direct();
+    let (had, batches) = std::thread::spawn(move || {
+        assert!(!thread::has_live_heap());
+        for &p in gone.iter().chain(&live) {
+            unsafe { free(p as *mut u8) };
+        }
+        // SAFETY: our own heap, read by its owner.
+        let batches = unsafe { (*tls_heap()).counters.remote_batches_sent };
+        (thread::has_live_heap(), batches)
+    })
+    .join()
+    .unwrap();
+    assert!(had, "the freeing thread took a heap");
+    assert_eq!(direct(), d0, "no free went alone");
+    let (cap, _) = crate::heap::batch_shape_for_tests();
+    assert!(batches <= (1000 / cap + 2) as u64, "{batches} batches for 1000 frees");
+    assert_eq!(report::bad_frees() - before, 0);
+    check_invariants().unwrap();
+}
+
 #[test]
 fn pages_taken_and_given_back_at_once_keep_the_span_bins_sound() {
     let _g = shared();
@@ -1147,8 +1192,10 @@ fn a_heap_whose_inbox_broke_is_retired_with_its_memory() {
         return; // check mode aborts at the second free
     }
     let before = report::bad_frees();
-    // The owner thread: a block of its heap is freed by another thread (so
-    // it sits in the owner's inbox), and the owner frees it again as if its
+    // The owner thread: a block of its heap is freed by a thread that has no
+    // heap (so it sits alone in the owner's inbox, linked through its own
+    // first word; frees from threads with heaps travel in batches, where a
+    // stale entry breaks nothing), and the owner frees it again as if its
     // free had raced ahead of the other thread's (the tag check passed before
     // the in-flight tag landed).  Sequential double frees are refused, so the
     // race is simulated by clearing the tag.
@@ -1158,7 +1205,7 @@ fn a_heap_whose_inbox_broke_is_retired_with_its_memory() {
         // the last one outlives this thread.
         let others: Vec<usize> = (0..24).map(|c| alloc_class_index(4 + c) as usize).collect();
         let r = blocks[0];
-        std::thread::spawn(move || unsafe { free(r as *mut u8) }).join().unwrap();
+        free_as_a_thread_without_a_heap(r);
         // SAFETY: r is a block of this heap, in flight to it; clearing its
         // tag stands in for the racing free described above.
         unsafe {
@@ -1375,7 +1422,7 @@ fn a_heap_whose_inbox_broke_still_reuses_its_empty_medium_pages() {
     let (landed, pages) = std::thread::spawn(|| {
         // Break this heap's inbox as `a_heap_whose_inbox_broke_is_retired_with_its_memory` does.
         let r = alloc(64) as usize;
-        std::thread::spawn(move || unsafe { free(r as *mut u8) }).join().unwrap();
+        free_as_a_thread_without_a_heap(r);
         // SAFETY: r is a block of this heap in flight to it; clearing its
         // tag stands in for a racing second free.
         unsafe {
