@@ -159,8 +159,14 @@ pub(crate) fn batch_shape_for_tests() -> (usize, usize) {
 /// Pointers per batch (`CANOPY_REMOTE_BATCH`, at most [`MAX_BATCH`]) and the
 /// small class of a batch block.
 fn batch_shape() -> (usize, usize) {
-    let cap = crate::options().remote_batch.clamp(1, MAX_BATCH);
+    let cap = batch_cap();
     (cap, crate::size_class::small_class_index(core::mem::size_of::<Batch>() + 8 * cap))
+}
+
+/// Pointers per batch (see [`batch_shape`]), on every remote free.
+#[inline(always)]
+fn batch_cap() -> usize {
+    crate::options().remote_batch.clamp(1, MAX_BATCH)
 }
 
 /// Figures a heap publishes for the statistics (read by other threads).
@@ -701,9 +707,29 @@ impl Heap {
     }
 
     /// Queue a free of `p` (a block of another heap `target`) for sending.
+    #[inline]
     pub(crate) unsafe fn free_remote(&mut self, target: *mut Heap, p: *mut u8) {
         let slot_i = (target as usize >> 6) % REMOTE_SLOTS;
-        let (cap, _) = batch_shape();
+        let slot = &mut self.remote[slot_i];
+        // The common case first, without a frame: a batch for `target` with
+        // room for more than this pointer.
+        if slot.heap == target && !slot.batch.is_null() && slot.count + 1 < batch_cap() {
+            // SAFETY: the batch is ours and has room (count + 1 < cap).
+            unsafe { *(*slot.batch).ptrs.as_mut_ptr().add(slot.count) = p };
+            slot.count += 1;
+            self.counters.remote_frees_sent += 1;
+            return;
+        }
+        // SAFETY: forwarded.
+        unsafe { self.free_remote_slow(target, p, slot_i) }
+    }
+
+    /// [`free_remote`](Self::free_remote) when the slot has no batch for
+    /// `target` or this pointer fills it.
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_remote_slow(&mut self, target: *mut Heap, p: *mut u8, slot_i: usize) {
+        let cap = batch_cap();
         self.counters.remote_frees_sent += 1;
         // SAFETY: p is a dead block of `target` in flight (caller's
         // contract); the batches in our slots are ours to fill.
