@@ -241,6 +241,12 @@ fn c_threads_with_cross_thread_frees() {
         let out = run(Command::new(&exe).args(["4", &rounds]), check);
         expect_ok(&out, "threads ok", &format!("threads (check={check})"));
     }
+    // Remote frees in batches of one pointer, of a few, and of the most a
+    // batch block holds (a larger setting is clamped to it).
+    for batch in ["1", "3", "1021", "100000"] {
+        let out = run(Command::new(&exe).args(["4", &rounds]).env("CANOPY_REMOTE_BATCH", batch), false);
+        expect_ok(&out, "threads ok", &format!("threads (CANOPY_REMOTE_BATCH={batch})"));
+    }
 }
 
 #[test]
