@@ -10,6 +10,11 @@
 //! alternate, the first round of each is a warm-up; prints the medians.
 //! For instruction counts: `valgrind --tool=callgrind --collect-atstart=no
 //! --toggle-collect='*fill_region*'` (or `*fill_malloc*`).
+//!
+//! Diagnostics: `ROUNDS=1` prints every round's time, `COLD=1` reads 64 MiB
+//! before each round (a clean, cold cache: the round before's dirty lines
+//! are written back outside the clock), `FRESH=1` gives the memory back after
+//! each round (`trim`, `collect`), so the next round faults in new pages.
 
 use std::time::Instant;
 
@@ -59,15 +64,22 @@ fn main() {
     let mut ra = RegionAllocator::with_config(cfg).expect("region configuration");
     let mut ptrs: Vec<*mut u8> = Vec::with_capacity(n);
     let (mut tr, mut tm) = (Vec::new(), Vec::new());
+    // With COLD=1 every round starts with a clean cold cache: 64 MiB read
+    // first (dirty lines of the round before are written back here).
+    let cold: Vec<u64> = if std::env::var_os("COLD").is_some() { vec![1; 8 << 20] } else { Vec::new() };
     for round in 0..=rounds {
         for k in 0..2 {
             ptrs.clear();
+            std::hint::black_box(cold.iter().step_by(8).fold(0u64, |a, &x| a.wrapping_add(x)));
             if (k + round) % 2 == 0 {
                 let rid = ra.ralloc(RegionId::ROOT, 0).expect("ralloc");
                 let t = Instant::now();
                 fill_region(&mut ra.in_region(rid).expect("in_region"), size, n, touch, &mut ptrs);
                 let e = t.elapsed().as_nanos() as f64 / n as f64;
                 ra.rfree(rid).expect("rfree");
+                if std::env::var_os("FRESH").is_some() {
+                    ra.trim();
+                }
                 if round > 0 {
                     tr.push(e);
                 }
@@ -79,11 +91,18 @@ fn main() {
                     // SAFETY: allocated by fill_malloc just above, freed once.
                     unsafe { canopy_alloc::free(p) };
                 }
+                if std::env::var_os("FRESH").is_some() {
+                    canopy_alloc::collect();
+                }
                 if round > 0 {
                     tm.push(e);
                 }
             }
         }
+    }
+    if std::env::var_os("ROUNDS").is_some() {
+        let f = |v: &[f64]| v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(" ");
+        println!("region rounds: {}\nmalloc rounds: {}", f(&tr), f(&tm));
     }
     let (r, m) = (median(&mut tr), median(&mut tm));
     println!(
