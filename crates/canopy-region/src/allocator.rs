@@ -984,63 +984,82 @@ impl RegionAllocator {
         if new == NIL || old == NIL {
             return None;
         }
-        let slabs = &mut self.slabs[..];
-        if slabs[old as usize].next != NIL {
-            return None;
-        }
-        let ow = 1 + old as usize * wps; // word_index(old, 0)
-        // (A slab of one word: its word is the cursor's, which the caller
-        // found empty.)
-        debug_assert!(shape.words > 1 || self.bits[ow] == 0);
-        if shape.words > 1 && self.bits[ow..ow + shape.words as usize].iter().any(|&x| x != 0) {
-            return None;
-        }
-        debug_assert!(slabs[old as usize].state == state::PARTIAL && slabs[old as usize].prev == NIL);
-        // The filled head onto the full list.
-        let full = r.full;
-        let o = &mut slabs[old as usize];
-        o.next = full;
-        o.state = state::FULL;
-        if full != NIL {
-            slabs[full as usize].prev = old;
-        }
-        r.full = old;
-        r.n_full += 1;
-        // The first empty slab off its list, as the partial list's only slab.
-        let s = &mut slabs[new as usize];
-        let next = s.next;
-        let addr = s.addr;
-        *s = Slab { addr, region: ri as u32, prev: NIL, next: NIL, span: 0, class: class as u16, state: state::PARTIAL };
-        if next != NIL {
-            slabs[next as usize].prev = NIL;
-        }
-        r.empty = next;
-        r.n_empty -= 1;
-        // Every slot free but slot 0, the slab's words past its slots 0.
-        let w = 1 + new as usize * wps; // word_index(new, 0)
-        let words = &mut self.bits[w..w + wps];
-        if shape.words == 1 {
-            // (The common case, 64 B slots and up in 4 KiB slabs, spelled
-            // out: `fill`'s select per word costs more than the stores, and
-            // a loop over the other words becomes a call to memset.)
-            words[0] = shape.last_full & !1;
-            match words {
-                [_, a, b, c] => {
-                    // The default shape: 16 B slots at least in 4 KiB slabs.
-                    (*a, *b, *c) = (0, 0, 0);
-                }
-                [_, rest @ ..] => rest.fill(0),
-                [] => unreachable!("a slab has a bitmap word"),
+        let slabs = self.slabs.as_mut_ptr();
+        let bits = self.bits.as_mut_ptr();
+        debug_assert!(
+            (old as usize) < self.slabs.len()
+                && (new as usize) < self.slabs.len()
+                && self.bits.len() == 1 + self.slabs.len() * wps
+                && wps >= shape.words as usize,
+            "swap_filled_head: slab ids or tables out of step"
+        );
+        // SAFETY (every access through `slabs` and `bits` below): `old` is the
+        // head of a partial list, `new` the head of the region's empty list,
+        // `full` and `next` are the heads or links of lists of the region:
+        // all ids of slabs in the table (the lists' invariant, checked by
+        // `check`), so below `slabs.len()`; a slab's bitmap is the `wps`
+        // words from `word_index(id, 0)`, inside `bits` (1 + slabs × wps
+        // words); `shape.words <= wps`.  The table is not resized here.
+        unsafe {
+            if (*slabs.add(old as usize)).next != NIL {
+                return None;
             }
-        } else {
-            shape.fill(words);
-            words[0] &= !1;
+            let ow = 1 + old as usize * wps; // word_index(old, 0)
+            // (A slab of one word: its word is the cursor's, which the caller
+            // found empty.)
+            debug_assert!(shape.words > 1 || *bits.add(ow) == 0);
+            if shape.words > 1 && (0..shape.words as usize).any(|i| *bits.add(ow + i) != 0) {
+                return None;
+            }
+            debug_assert!((*slabs.add(old as usize)).state == state::PARTIAL && (*slabs.add(old as usize)).prev == NIL);
+            // The filled head onto the full list.
+            let full = r.full;
+            let o = &mut *slabs.add(old as usize);
+            o.next = full;
+            o.state = state::FULL;
+            if full != NIL {
+                (*slabs.add(full as usize)).prev = old;
+            }
+            r.full = old;
+            r.n_full += 1;
+            // The first empty slab off its list, as the partial list's only slab.
+            let sn = &mut *slabs.add(new as usize);
+            let next = sn.next;
+            let addr = sn.addr;
+            *sn = Slab { addr, region: ri as u32, prev: NIL, next: NIL, span: 0, class: class as u16, state: state::PARTIAL };
+            if next != NIL {
+                (*slabs.add(next as usize)).prev = NIL;
+            }
+            r.empty = next;
+            r.n_empty -= 1;
+            // Every slot free but slot 0, the slab's words past its slots 0.
+            let w = 1 + new as usize * wps; // word_index(new, 0)
+            let words = core::slice::from_raw_parts_mut(bits.add(w), wps);
+            if shape.words == 1 {
+                // (The common case, 64 B slots and up in 4 KiB slabs, spelled
+                // out: `fill`'s select per word costs more than the stores, and
+                // a loop over the other words becomes a call to memset.)
+                match words {
+                    [a, b, c, d] => {
+                        // The default shape: 16 B slots at least in 4 KiB slabs.
+                        (*a, *b, *c, *d) = (shape.last_full & !1, 0, 0, 0);
+                    }
+                    [first, rest @ ..] => {
+                        *first = shape.last_full & !1;
+                        rest.fill(0);
+                    }
+                    [] => unreachable!("a slab has a bitmap word"),
+                }
+            } else {
+                shape.fill(words);
+                words[0] &= !1;
+            }
+            let l = &mut r.sizes[class];
+            l.head = new;
+            l.word = w as u32;
+            l.base = addr;
+            Some(addr)
         }
-        let l = &mut r.sizes[class];
-        l.head = new;
-        l.word = w as u32;
-        l.base = addr;
-        Some(addr)
     }
 
     /// Point the cursor of (`ri`, `class`) at the first word of slab `sid`
