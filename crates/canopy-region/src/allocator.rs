@@ -809,31 +809,23 @@ impl RegionAllocator {
     /// The fast path of allocation in the live region of slot `s`: the
     /// lowest free bit of the cursor word of the request's slot size, or
     /// `None` when there is no cursor (or the size is 0 or above a slab).
-    /// `InRegion::alloc` does the same through its raw views; a change here
-    /// belongs there too.
+    /// The same code as `InRegion::alloc_fast` ([`FastView::take`]).
     #[inline(always)]
     fn take_slot(&mut self, s: usize, size: usize) -> Option<NonNull<u8>> {
-        // Size 0 gives class 0, whose cursor is always NO_WORD; a size above
-        // the slab (or near usize::MAX, which wraps to index 0) has no entry
-        // or class 0.  by16 has an entry for every index up to slab size / 16.
-        let &SlotOf { class, size: slot } = self.by16.get(size.wrapping_add(15) >> 4)?;
         debug_assert!(s < self.regions.len() && self.regions[s].alive, "take_slot on a dead region slot {s}");
-        let (class, slot) = (class as usize, slot as usize);
-        debug_assert!(size == 0 || size > usize::MAX - 15 || (class, slot) == (self.class_raw(size), self.slot_size(self.class_raw(size) as u16)));
+        debug_assert!(size == 0 || size > usize::MAX - 15 || self.by16.get((size + 15) >> 4).map_or(true, |o| (o.class as usize, o.size as usize) == (self.class_raw(size), self.slot_size(self.class_raw(size) as u16))));
         // SAFETY: callers pass the slot of a live region (`alloc` checked
-        // its key; an `InRegion` borrows the allocator, so its region stays
-        // alive); class < classes = sizes.len() (by16 holds classes).
-        let l = unsafe { *self.regions.get_unchecked(s).sizes.get_unchecked(class) };
-        // SAFETY: a cursor is NO_WORD (index 0) or a word of a slab in the
-        // table (`SizeList` invariant); `bits` holds both.
-        let word = unsafe { &mut *self.bits.as_mut_ptr().add(l.word as usize) };
-        // A word emptied here keeps the cursor: the next allocation of this
-        // slot size moves it on (`alloc_small`).
-        let (bit, _) = slab::take_lowest(word)?;
+        // its key), so the view is of current tables.
+        let view = FastView {
+            by16: self.by16.as_ptr(),
+            by16_len: self.by16.len(),
+            sizes: unsafe { self.regions.get_unchecked_mut(s) }.sizes.as_mut_ptr(),
+            bits: self.bits.as_mut_ptr(),
+        };
+        // SAFETY: the view was just taken from the allocator's tables.
+        let p = unsafe { view.take(size) }?;
         self.stats.allocs += 1;
-        let addr = l.base + bit as usize * slot;
-        // SAFETY: slot addresses are inside pages from the source, never 0.
-        Some(unsafe { NonNull::new_unchecked(addr as *mut u8) })
+        Some(p)
     }
 
     /// Allocation in region `rid` without checking the id on every call:
@@ -2014,6 +2006,40 @@ struct FastView {
 }
 
 impl FastView {
+    /// The fast path of allocation: the lowest free slot of the cursor word
+    /// of `size`'s slot size, or `None` (no free slot under the cursor, size
+    /// 0, or a size above a slab).
+    ///
+    /// # Safety
+    /// The view is current: taken from the allocator's tables after the last
+    /// call that may have moved them, for a live region.
+    #[inline(always)]
+    unsafe fn take(&self, size: usize) -> Option<NonNull<u8>> {
+        // Size 0 gives class 0, whose cursor is always NO_WORD; a size above
+        // the slab (or near usize::MAX, which wraps to index 0) has no entry
+        // or class 0.  by16 has an entry for every index up to slab size / 16.
+        let g = size.wrapping_add(15) >> 4;
+        if g >= self.by16_len {
+            return None;
+        }
+        // SAFETY: g < by16_len; the view is current (caller's contract);
+        // class < classes = the region's `sizes` length; a cursor word index
+        // is NO_WORD (index 0) or a word of a slab in `bits` (`SizeList`
+        // invariant).
+        unsafe {
+            let SlotOf { class, size: slot } = *self.by16.add(g);
+            let l = self.sizes.add(class as usize);
+            let word = self.bits.add((*l).word as usize);
+            let (rest, bit) = slab::take_lowest_bits(*word)?;
+            // A word emptied here keeps the cursor: the next allocation of
+            // this slot size moves it on (`alloc_small`).
+            *word = rest;
+            let addr = (*l).base + bit as usize * slot as usize;
+            // Slot addresses are inside pages from the source, never 0.
+            Some(NonNull::new_unchecked(addr as *mut u8))
+        }
+    }
+
     fn of(ra: &mut RegionAllocator, slot: usize) -> FastView {
         FastView {
             by16: ra.by16.as_ptr(),
@@ -2052,27 +2078,11 @@ impl InRegion<'_> {
             core::ptr::eq(v.bits, self.ra.bits.as_ptr()) && core::ptr::eq(v.sizes, self.ra.regions[self.slot].sizes.as_ptr()),
             "InRegion's view of the allocator's tables is stale"
         );
-        // As `RegionAllocator::take_slot`, through the view.
-        let g = size.wrapping_add(15) >> 4;
-        if g >= v.by16_len {
-            return None;
-        }
-        // SAFETY: g < by16_len; the view is current (taken again after every
-        // call into the allocator); class < classes = the region's `sizes`
-        // length; a cursor word index is NO_WORD or a word of a slab in
-        // `bits` (`SizeList` invariant).
-        unsafe {
-            let SlotOf { class, size: slot } = *v.by16.add(g);
-            let l = v.sizes.add(class as usize);
-            let word = v.bits.add((*l).word as usize);
-            let (rest, bit) = slab::take_lowest_bits(*word)?;
-            // A word emptied here keeps the cursor (see `SizeList`).
-            *word = rest;
-            let addr = (*l).base + bit as usize * slot as usize;
-            self.ra.stats.allocs += 1;
-            // Slot addresses are inside pages from the source, never 0.
-            Some(NonNull::new_unchecked(addr as *mut u8))
-        }
+        // SAFETY: the view is current (taken again after every call into
+        // the allocator); the region lives while `self` borrows it.
+        let p = unsafe { v.take(size) }?;
+        self.ra.stats.allocs += 1;
+        Some(p)
     }
 
     /// [`alloc`](Self::alloc) when [`alloc_fast`](Self::alloc_fast) found
