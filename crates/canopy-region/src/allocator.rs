@@ -873,12 +873,19 @@ impl RegionAllocator {
     /// slab if the list is empty.  The word a slot is taken from keeps the
     /// cursor even if that empties it, as on the fast path.
     fn alloc_small(&mut self, ri: usize, class: usize) -> Result<usize, RegionError> {
-        debug_assert!(class > 0 && class < self.shapes.len());
-        let w = self.regions[ri].sizes[class].word;
+        debug_assert!(class > 0 && class < self.shapes.len() && ri < self.regions.len() && self.regions[ri].alive);
+        // SAFETY: callers pass a live region's slot (`slot_of`, or an
+        // `InRegion`'s) and a class below `classes`, the length of every
+        // region's `sizes`; a cursor word is NO_WORD (index 0) or a word of a
+        // slab in `bits` (`SizeList` invariant).
+        let (w, wv) = unsafe {
+            let w = self.regions.get_unchecked(ri).sizes.get_unchecked(class).word;
+            (w, *self.bits.get_unchecked(w as usize))
+        };
         if w != NO_WORD {
             // (A cursor with a free slot comes here for a size-0 request,
             // whose class is the smallest one's but not on its fast path.)
-            if self.bits[w as usize] == 0 {
+            if wv == 0 {
                 if let Some(addr) = self.step_cursor(ri, class, w as usize) {
                     return Ok(addr);
                 }
