@@ -141,8 +141,8 @@ pub struct SacRow {
     pub x: usize,
     /// Threads.
     pub threads: usize,
-    /// Median seconds per variant: array, vec-glibc, arc-glibc.
-    pub seconds: [Option<f64>; 3],
+    /// Median seconds per variant: array, vec-glibc, arc-glibc, array-fn.
+    pub seconds: [Option<f64>; 4],
     /// Iterations after the first in which A was reallocated (array variant).
     pub a_allocs_after_first: u64,
     /// In-place updates of A (array variant, one run).
@@ -153,6 +153,10 @@ pub struct SacRow {
     pub speedup_vs_vec: Option<f64>,
     /// arc-glibc time / array time.
     pub speedup_vs_arc: Option<f64>,
+    /// vec-glibc time / array-fn time.
+    pub fn_speedup_vs_vec: Option<f64>,
+    /// Iterations after the first in which A was reallocated (array-fn).
+    pub fn_a_allocs_after_first: u64,
 }
 
 /// Sum of `idx + i` over `i < x`, written and read through a temporary.
@@ -187,6 +191,29 @@ fn sac_array(n: usize, x: usize, iters: usize) -> (u64, u64, u64, u64) {
     }
     let sum = a.as_slice().iter().fold(0u64, |s, &v| s.wrapping_add(v));
     (sum, a_allocs_after_first, reuses, temps)
+}
+
+/// [`sac_array`] with the monomorphised with-loop (`modarray_fn`): the
+/// expression is a generic closure the compiler inlines into the loop, not a
+/// generator object called through a pointer.
+fn sac_array_fn(n: usize, x: usize, iters: usize) -> (u64, u64) {
+    let m = n / x;
+    let mut a: Array<u64, Atomic> = Array::filled(&[m], 0);
+    let mut a_allocs_after_first = 0;
+    for it in 0..iters {
+        let addr = a.addr();
+        a = a.modarray_fn(&[0], &[m], move |iv: &[usize], old: &u64| {
+            let idx = iv[0];
+            let t: Array<i32, Local> = Array::from_fn(&[x], |i| (idx + i) as i32);
+            let t = black_box(t);
+            old.wrapping_add(temp_sum(t.as_slice()))
+        });
+        // A is reallocated exactly when modarray_fn had to copy it.
+        if it > 0 && a.addr() != addr {
+            a_allocs_after_first += 1;
+        }
+    }
+    (a.as_slice().iter().fold(0u64, |s, &v| s.wrapping_add(v)), a_allocs_after_first)
 }
 
 fn sac_vec(n: usize, x: usize, iters: usize) -> u64 {
@@ -242,8 +269,8 @@ pub fn run_sac(c: &RcCommon, xs: &[usize]) -> Result<Finished> {
         for t in thread_counts() {
             let p = pool(t)?;
             let expect = crate::sac_kernel::expected_checksum(x as u64, n as u64, iters as u64);
-            let mut secs: [Vec<(f64, bool)>; 3] = Default::default();
-            let (mut allocs_after, mut reuses, mut temps) = (0, 0, 0);
+            let mut secs: [Vec<(f64, bool)>; 4] = Default::default();
+            let (mut allocs_after, mut reuses, mut temps, mut fn_allocs_after) = (0, 0, 0, 0);
             for _ in 0..runs {
                 let (s, (sum, aa, r, tp)) = p.install(|| time(|| sac_array(n, x, iters)));
                 secs[0].push((s, sum == expect));
@@ -252,7 +279,10 @@ pub fn run_sac(c: &RcCommon, xs: &[usize]) -> Result<Finished> {
                 secs[1].push((s1, sum1 == expect));
                 let (s2, sum2) = p.install(|| time(|| sac_arc(n, x, iters)));
                 secs[2].push((s2, sum2 == expect));
-                for (v, got) in [("array", sum), ("vec-glibc", sum1), ("arc-glibc", sum2)] {
+                let (s3, (sum3, fn_aa)) = p.install(|| time(|| sac_array_fn(n, x, iters)));
+                secs[3].push((s3, sum3 == expect));
+                fn_allocs_after = fn_aa;
+                for (v, got) in [("array", sum), ("vec-glibc", sum1), ("arc-glibc", sum2), ("array-fn", sum3)] {
                     if got != expect {
                         failures.push(format!(
                             "rc-sac x={x} threads={t} {v}: checksum {got}, expected {expect}"
@@ -265,6 +295,7 @@ pub fn run_sac(c: &RcCommon, xs: &[usize]) -> Result<Finished> {
                 median_correct(&secs[0]),
                 median_correct(&secs[1]),
                 median_correct(&secs[2]),
+                median_correct(&secs[3]),
             ];
             rows.push(SacRow {
                 x,
@@ -275,6 +306,8 @@ pub fn run_sac(c: &RcCommon, xs: &[usize]) -> Result<Finished> {
                 temps_per_iter: temps,
                 speedup_vs_vec: crate::stats::ratio(med[1], med[0]),
                 speedup_vs_arc: crate::stats::ratio(med[2], med[0]),
+                fn_speedup_vs_vec: crate::stats::ratio(med[1], med[3]),
+                fn_a_allocs_after_first: fn_allocs_after,
             });
         }
     }
@@ -285,18 +318,21 @@ pub fn run_sac(c: &RcCommon, xs: &[usize]) -> Result<Finished> {
         &format!(
             "N = {n}, {iters} iterations. `array`: A = modarray(A) in place, temporaries `Array<i32, Local>` \
              (descriptor + data in one Canopy block); `vec-glibc`: A a Vec updated in place, temporaries Vec<i32>; \
-             `arc-glibc`: A an Arc<[u64]> (get_mut), temporaries Arc<[i32]>."
+             `arc-glibc`: A an Arc<[u64]> (get_mut), temporaries Arc<[i32]>; `array-fn`: `array` with the monomorphised \
+             with-loop `modarray_fn` (the expression a generic closure inlined into the loop, not a generator object)."
         ),
     );
     let mut tb = Table::new([
         "X",
         "threads",
         "array s",
+        "array-fn s",
         "vec-glibc s",
         "arc-glibc s",
         "vec/array",
+        "vec/array-fn",
         "arc/array",
-        "A allocs after 1st iter",
+        "A allocs after 1st iter (array, array-fn)",
         "A in-place updates",
         "temps/iter",
     ]);
@@ -305,11 +341,13 @@ pub fn run_sac(c: &RcCommon, xs: &[usize]) -> Result<Finished> {
             r.x.to_string(),
             r.threads.to_string(),
             report::fmt_seconds(r.seconds[0]),
+            report::fmt_seconds(r.seconds[3]),
             report::fmt_seconds(r.seconds[1]),
             report::fmt_seconds(r.seconds[2]),
             fmt_ratio(r.speedup_vs_vec),
+            fmt_ratio(r.fn_speedup_vs_vec),
             fmt_ratio(r.speedup_vs_arc),
-            r.a_allocs_after_first.to_string(),
+            format!("{}, {}", r.a_allocs_after_first, r.fn_a_allocs_after_first),
             r.a_reuses.to_string(),
             r.temps_per_iter.to_string(),
         ]);
@@ -318,7 +356,7 @@ pub fn run_sac(c: &RcCommon, xs: &[usize]) -> Result<Finished> {
     let chart = BarChart {
         title: "rc-sac: time relative to array (higher = slower than array)".into(),
         y_label: "time / array time".into(),
-        series: vec!["array".into(), "vec-glibc".into(), "arc-glibc".into()],
+        series: vec!["array".into(), "vec-glibc".into(), "arc-glibc".into(), "array-fn".into()],
         panels: thread_counts()
             .into_iter()
             .map(|t| Panel {
