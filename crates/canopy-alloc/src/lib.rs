@@ -672,12 +672,22 @@ unsafe fn free_small_slow(d: *mut Desc, p: *mut u8, call: &'static str) {
     }
 }
 
-/// Send a free to the owning heap: batched through this thread's heap, or
-/// pushed directly if this thread cannot have one.
+/// Send a free of a small block to the owning heap (see [`send_in_flight`]).
 unsafe fn send_remote(me: *mut Heap, owner: *mut Heap, p: *mut u8) {
     // SAFETY: p is a validated block of `owner`, dead from now on.
     unsafe {
         (*(p as *mut Block)).tag = flight_tag();
+        send_in_flight(me, owner, p);
+    }
+}
+
+/// Send a block or chunk of `owner`, already marked in flight, to its heap:
+/// batched through this thread's heap, or pushed directly if this thread
+/// cannot have one.
+#[inline(always)]
+unsafe fn send_in_flight(me: *mut Heap, owner: *mut Heap, p: *mut u8) {
+    // SAFETY: p is a block of `owner` marked in flight (caller's contract).
+    unsafe {
         let me = batching_heap(me);
         if me.is_null() {
             heap::push_direct(owner, p);
@@ -726,15 +736,7 @@ unsafe fn free_medium(d: *mut Desc, p: *mut u8, call: &'static str) {
                 } else if !medium::Medium::mark_in_flight(p) {
                     report::bad_free(call, p, BadFree::DoubleFree, 0, None);
                 } else {
-                    let me = batching_heap(me);
-                    if me.is_null() {
-                        heap::push_direct(owner, p);
-                    } else if me == owner {
-                        // As in `send_remote`.
-                        (*me).free_sent_home(p);
-                    } else {
-                        (*me).free_remote(owner, p);
-                    }
+                    send_in_flight(me, owner, p);
                 }
             }
         }
