@@ -798,7 +798,8 @@ fn remote_frees_travel_in_batches_that_go_back_to_their_maker() {
     collect();
     assert_eq!(received() - before, n as u64, "and of the second");
     let made = t.join().unwrap();
-    assert!(made[0] > 0, "the first round made its batch blocks");
+    // (The first round may find spare batches in a heap its thread adopted.)
+    assert!(made[0] <= (n / 2 / cap + 2) as u64, "the first round made at most a batch block per batch: {}", made[0]);
     assert_eq!(made[1], 0, "the second round reused the batches handed back");
     // The blocks are free in their slabs: allocating again finds them.
     let again: std::collections::HashSet<usize> = (0..n).map(|_| alloc(64) as usize).collect();
