@@ -166,10 +166,14 @@ enum Experiment {
     #[command(
         long_about = "Throughput of allocation and free in a region of Canopy's region allocator, and the time to \
                             free a whole region of 10^3..10^7 objects (paper 002, Myrmics, §4.3: freeing a region costs \
-                            time in its slabs, not its objects), side by side in the same process with glibc's malloc \
+                            time in its slabs, not its objects), side by side with glibc's malloc \
                             (checked not to be preloaded), Canopy's allocator called directly, bumpalo (reset), \
                             typed-arena (drop) and slab (remove / drop). Sizes 16, 64, 192 B and mixed 16-256 B; the \
-                            free-everything sweep uses 64 B. Contenders run interleaved after a warm-up round; medians. \
+                            free-everything sweep uses 64 B. Every repetition of every contender is a child process of \
+                            this binary (a warm-up round, then the measured rounds), the contenders interleaved; medians. \
+                            Separate processes, because a contender's speed depends on where its memory lands: in one \
+                            process that is fixed for all its rounds and shifted by what the other contenders did (the \
+                            same 64 B path measured 10 and 15.5 ns in two region allocators of one process). \
                             Targets: region allocation at least as fast as Canopy's malloc for every size; region \
                             free of 10^6 objects at least 100x faster than freeing them one by one."
     )]
@@ -226,6 +230,25 @@ enum Experiment {
     /// One measured run of one hh-suite program (used by `bench hh-suite`)
     #[command(hide = true)]
     HhSuiteChild(HhSuiteChildArgs),
+    /// Measured rounds of one region-speed contender (used by `bench region-speed`)
+    #[command(hide = true)]
+    RegionSpeedChild(RegionSpeedChildArgs),
+}
+
+#[derive(Debug, Args)]
+struct RegionSpeedChildArgs {
+    #[arg(long)]
+    contender: String,
+    #[arg(long)]
+    config: usize,
+    #[arg(long)]
+    n: usize,
+    #[arg(long)]
+    max_n: usize,
+    #[arg(long)]
+    seed: u64,
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
 }
 
 #[derive(Debug, Args)]
@@ -515,6 +538,14 @@ fn common(cli: &Cli, size: Size, runs: Option<usize>, c: &ContenderArgs) -> Resu
 }
 
 /// The region experiments run in-process: no contenders to discover.
+/// How `bench region-speed` starts its children: this binary.
+fn region_speed_child() -> Result<hh_suite::ChildCommand> {
+    Ok(hh_suite::ChildCommand {
+        program: std::env::current_exe().context("finding the canopy binary to run region-speed's children")?,
+        args: vec!["bench".into(), "region-speed-child".into()],
+    })
+}
+
 fn region_common(cli: &Cli, size: Size, runs: Option<usize>) -> RegionCommon {
     RegionCommon {
         size,
@@ -579,6 +610,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     let opts = region_speed::SpeedOptions {
                         n: a.n,
                         max_n: a.max_n,
+                        child: Some(region_speed_child()?),
+                        timeout: Duration::from_secs(cli.timeout.max(1)),
                         ..Default::default()
                     };
                     region_speed::run(&region_common(&cli, a.size.size(), a.runs), &opts)?
@@ -614,6 +647,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         timeout: Duration::from_secs(cli.timeout.max(1)),
                     };
                     hh_suite::run(&hc, &opts)?
+                }
+                Experiment::RegionSpeedChild(a) => {
+                    let line = region_speed::child_main(&region_speed::ChildArgs {
+                        contender: a.contender.clone(),
+                        config: a.config,
+                        n: a.n,
+                        max_n: a.max_n,
+                        seed: a.seed,
+                        rounds: a.rounds,
+                    })?;
+                    println!("{line}");
+                    return Ok(ExitCode::SUCCESS);
                 }
                 Experiment::HhSuiteChild(a) => {
                     let line = hh_suite::child_main(&hh_suite::ChildArgs {
@@ -741,7 +786,14 @@ fn tour(cli: &Cli, a: &TourArgs) -> Result<ExitCode> {
         ),
         (
             "region-speed",
-            Box::new(|| region_speed::run(&regc, &region_speed::SpeedOptions::default())),
+            Box::new(|| {
+                let opts = region_speed::SpeedOptions {
+                    child: Some(region_speed_child()?),
+                    timeout: Duration::from_secs(cli.timeout.max(1)),
+                    ..Default::default()
+                };
+                region_speed::run(&regc, &opts)
+            }),
         ),
         (
             "region-pack",

@@ -122,3 +122,34 @@ fn unknown_contender_is_an_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown contender"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn region_speed_runs_every_contender_in_child_processes() {
+    let dir = scratch("region-speed");
+    let out = canopy()
+        .args(["--no-install", "--results-dir"])
+        .arg(&dir)
+        .args(["bench", "region-speed", "--quick", "--n", "300", "--max-n", "1000", "--runs", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    let md = std::fs::read_to_string(dir.join("region-speed.md")).unwrap();
+    assert!(md.contains("one child process per repetition and contender"), "{md}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("region-speed.json")).unwrap()).unwrap();
+    assert_eq!(json["params"]["isolation"], "children");
+    assert!(json["failures"].as_array().unwrap().is_empty(), "{}", json["failures"]);
+    // Every contender measured every size it fits: 3 fixed sizes and the
+    // mixed one at 300 objects for 6 contenders, the fixed ones for 2.
+    let rounds = json["summary"]["rounds"].as_array().unwrap();
+    let at_300 = rounds.iter().filter(|r| r["n"] == 300).count();
+    assert!(at_300 >= 6 * 4 + 2 * 3, "{at_300} rounds at 300 objects");
+    // The child refuses what does not exist, naming it.
+    let out = canopy()
+        .args(["bench", "region-speed-child", "--contender", "hoard", "--config", "0", "--n", "300", "--max-n", "1000", "--seed", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown contender `hoard`"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

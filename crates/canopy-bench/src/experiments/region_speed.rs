@@ -19,8 +19,22 @@
 //! touched, for every contender alike); a checksum read back outside the
 //! timed loops makes sure nothing is optimised away.  For each
 //! configuration the contenders run one after the other, interleaved, the
-//! order turned by one each repetition (A B C, B C A, C A B), after one
-//! unrecorded warm-up round; medians are reported.
+//! order turned by one each repetition (A B C, B C A, C A B); medians are
+//! reported.
+//!
+//! By default every (repetition, contender) runs in a child process of the
+//! `canopy` binary (`bench region-speed-child`, [`child_main`]), which does
+//! one unrecorded warm-up round and then its measured rounds.  A
+//! contender's speed depends on where its memory landed: in one process all
+//! rounds of a contender share that placement, so the median of its rounds
+//! does not average over it, and what the other contenders did to the
+//! process shifts it further.  In one process the same allocation path
+//! (64 B objects in 64 B slots) measured 10 ns per object in one region
+//! allocator and 15.5 ns in the other; run alone in a process, the region
+//! allocator's 64 B allocation took 10 ns, and 15-17 ns next to all the
+//! other contenders.  Separate processes average over placement like the
+//! other experiments' programs do.  Without a child command (tests, or a
+//! library caller) everything runs in this process, as before.
 
 use std::alloc::Layout;
 use std::ffi::CStr;
@@ -32,9 +46,10 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Result};
 use canopy_region::{RegionAllocator, RegionId};
 use plotters::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::hh_suite::ChildCommand;
 use super::machine_markdown;
 use super::region::{fmt_count, fmt_ns, verdict, RegionCommon, Rng};
 use super::Finished;
@@ -74,6 +89,12 @@ pub struct SpeedOptions {
     pub max_n: Option<usize>,
     /// Seed of the mixed sizes.
     pub seed: u64,
+    /// How to start a child process that measures one contender
+    /// (`bench region-speed-child` of the `canopy` binary); `None`: every
+    /// contender runs in this process.
+    pub child: Option<ChildCommand>,
+    /// Kill a child that runs longer than this.
+    pub timeout: std::time::Duration,
 }
 
 impl Default for SpeedOptions {
@@ -82,8 +103,41 @@ impl Default for SpeedOptions {
             n: None,
             max_n: None,
             seed: 2013,
+            child: None,
+            timeout: std::time::Duration::from_secs(900),
         }
     }
+}
+
+/// What a child process is asked to measure: rounds of one contender in one
+/// configuration of [`configs`]`(n, max_n, seed)`.
+#[derive(Debug, Clone)]
+pub struct ChildArgs {
+    /// The contender (one of [`CONTENDERS`]).
+    pub contender: String,
+    /// Index of the configuration in [`configs`].
+    pub config: usize,
+    /// Objects per throughput configuration.
+    pub n: usize,
+    /// Largest count of the sweep.
+    pub max_n: usize,
+    /// Seed of the mixed sizes.
+    pub seed: u64,
+    /// Measured rounds after the warm-up round.
+    pub rounds: usize,
+}
+
+/// One measured round, as a child reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Measure {
+    /// Nanoseconds to allocate all objects.
+    pub alloc_ns: f64,
+    /// Nanoseconds to free them one by one, if the contender can.
+    pub free_ns: Option<f64>,
+    /// Nanoseconds to free everything.
+    pub free_all_ns: f64,
+    /// Sum of the words read back.
+    pub checksum: u64,
 }
 
 /// (objects per throughput configuration, largest sweep count) for a size.
@@ -257,6 +311,16 @@ struct Bench {
 type Measured = (f64, Option<f64>, f64, u64);
 
 impl Bench {
+    fn new(capacity: usize) -> Result<Bench> {
+        Ok(Bench {
+            ra: RegionAllocator::new(),
+            ram: region_myrmics()?,
+            bump: bumpalo::Bump::new(),
+            ptrs: Vec::with_capacity(capacity),
+            keys: Vec::with_capacity(capacity),
+        })
+    }
+
     /// `by_id`: allocate with `alloc(size, id)` (the id checked on every
     /// call) rather than through `in_region`.
     fn region(&mut self, sz: &Sizes, n: usize, by_id: bool) -> Result<Measured> {
@@ -424,8 +488,10 @@ impl Bench {
         Ok((a, Some(f), fa, c))
     }
 
-    /// One round of `who`; `None` when it does not fit the sizes.
+    /// One round of `who`; `None` when it does not fit the sizes
+    /// ([`fits`]).
     fn round(&mut self, who: &str, sz: &Sizes, n: usize) -> Result<Option<Measured>> {
+        debug_assert!(CONTENDERS.contains(&who), "unknown contender {who}");
         Ok(Some(match (who, sz) {
             ("region", _) => self.region(sz, n, false)?,
             ("region-by-id", _) => self.region(sz, n, true)?,
@@ -448,6 +514,81 @@ impl Bench {
             _ => return Ok(None),
         }))
     }
+}
+
+/// Whether `who` runs in a configuration of these sizes (`typed-arena`
+/// and `slab` store fixed-size values: 16, 64 or 192 B only).
+pub fn fits(who: &str, sz: &Sizes) -> bool {
+    match who {
+        "typed-arena" | "slab" => matches!(sz, Sizes::Fixed(16 | 64 | 192)),
+        _ => CONTENDERS.contains(&who),
+    }
+}
+
+/// The child process's side: a fresh [`Bench`], one unrecorded warm-up
+/// round of the contender, then `rounds` measured ones; returns them as one
+/// JSON line (an array of [`Measure`]).
+pub fn child_main(a: &ChildArgs) -> Result<String> {
+    let (cfgs, _) = configs(a.n, a.max_n, a.seed);
+    let Some((sz, k)) = cfgs.get(a.config) else {
+        bail!("region-speed child: configuration {} does not exist (there are {} for n = {}, max-n = {})", a.config, cfgs.len(), a.n, a.max_n);
+    };
+    if !CONTENDERS.contains(&a.contender.as_str()) {
+        bail!("region-speed child: unknown contender `{}` (known: {})", a.contender, CONTENDERS.join(", "));
+    }
+    if !fits(&a.contender, sz) {
+        bail!("region-speed child: {} does not run with {} objects", a.contender, sz.label());
+    }
+    let mut b = Bench::new(*k)?;
+    let mut out = Vec::with_capacity(a.rounds);
+    for r in 0..=a.rounds {
+        let (alloc_ns, free_ns, free_all_ns, checksum) = b
+            .round(&a.contender, sz, *k)?
+            .ok_or_else(|| anyhow!("{} did not run with {} objects", a.contender, sz.label()))?;
+        if r > 0 {
+            out.push(Measure { alloc_ns, free_ns, free_all_ns, checksum });
+        }
+    }
+    Ok(serde_json::to_string(&out)?)
+}
+
+/// Run one child and read its rounds; an error says what went wrong and how
+/// the child was started.
+fn run_child(c: &ChildCommand, a: &ChildArgs, timeout: std::time::Duration) -> Result<Vec<Measure>> {
+    let mut args = c.args.clone();
+    args.extend([
+        "--contender".into(),
+        a.contender.clone(),
+        "--config".into(),
+        a.config.to_string(),
+        "--n".into(),
+        a.n.to_string(),
+        "--max-n".into(),
+        a.max_n.to_string(),
+        "--seed".into(),
+        a.seed.to_string(),
+        "--rounds".into(),
+        a.rounds.to_string(),
+    ]);
+    let inv = crate::runner::Invocation {
+        program: c.program.clone(),
+        args,
+        preload: None,
+        wrapper: Vec::new(),
+        env: Vec::new(),
+        timeout,
+    };
+    let out = crate::runner::run(&inv)?;
+    if !out.success() {
+        bail!("`{}` ended with {:?}: {}", inv.display(), out.exit, out.stderr_tail(5));
+    }
+    let line = out.stdout.lines().last().unwrap_or("");
+    let v: Vec<Measure> = serde_json::from_str(line)
+        .map_err(|e| anyhow!("`{}` printed `{line}`, not its rounds: {e}", inv.display()))?;
+    if v.len() != a.rounds {
+        bail!("`{}` reported {} rounds, not {}", inv.display(), v.len(), a.rounds);
+    }
+    Ok(v)
 }
 
 /// What every round of `n` objects reads back: object `i` holds `i`.
@@ -506,17 +647,121 @@ pub fn run(common: &RegionCommon, opts: &SpeedOptions) -> Result<Finished> {
     }
     let (cfgs, sweep) = configs(n, max_n, opts.seed);
     let runs = common.runs();
+    let mut rounds = Vec::new();
+    if let Some(child) = &opts.child {
+        run_children(child, opts, &cfgs, n, max_n, runs, &mut rounds, &mut failures);
+    } else {
+        run_in_process(&cfgs, n.max(max_n), runs, &mut rounds, &mut failures)?;
+    }
+    let isolation = if opts.child.is_some() { "children" } else { "in-process" };
+    let cells = summarize(&rounds, &cfgs);
+    let targets = targets(&cells, n);
+    let markdown = markdown(
+        &cells,
+        &targets,
+        n,
+        &sweep,
+        &lib,
+        runs,
+        common.size,
+        &machine,
+        &failures,
+        opts.child.is_some(),
+    );
+    let svg = render(&cells, n, &sweep)
+        .map_err(|e| eprintln!("warning: {e:#}"))
+        .ok();
+    let report = Report {
+        experiment: "region-speed".into(),
+        title: "Allocate and free in a region, and free a whole region, vs. malloc, bumpalo, typed-arena, slab".into(),
+        paper: "002 Myrmics §4.3".into(),
+        size: common.size,
+        params: json!({ "n": n, "sweep": sweep, "sweep_size": SWEEP_SIZE, "fixed": FIXED, "mixed": MIXED,
+                        "runs": runs, "seed": opts.seed, "contenders": CONTENDERS, "isolation": isolation }),
+        machine,
+        contenders: Vec::new(),
+        skipped: Vec::new(),
+        summary: SpeedSummary { n, sweep, malloc_library: lib, cells, targets, rounds },
+        runs: Vec::new(),
+        failures: failures.clone(),
+    };
+    let written = report::write_all(&common.results_dir, &report, &markdown, svg.as_deref())?;
+    Ok(Finished {
+        name: "region-speed".into(),
+        markdown,
+        written,
+        failures,
+    })
+}
+
+/// Every (repetition, contender) of every configuration in a child process:
+/// `runs` children per contender and configuration, interleaved, each with
+/// a warm-up round and then `reps_for(runs, k) / runs` (rounded up)
+/// measured rounds.  A child that fails is reported and its rounds left out.
+#[allow(clippy::too_many_arguments)]
+fn run_children(
+    child: &ChildCommand,
+    opts: &SpeedOptions,
+    cfgs: &[(Sizes, usize)],
+    n: usize,
+    max_n: usize,
+    runs: usize,
+    rounds: &mut Vec<Round>,
+    failures: &mut Vec<String>,
+) {
+    let pb = crate::progress::bar((cfgs.len() * runs) as u64, "region-speed");
+    for (ci, (sz, k)) in cfgs.iter().enumerate() {
+        let per = reps_for(runs, *k).div_ceil(runs);
+        let e = expected_checksum(*k);
+        for rep in 0..runs {
+            pb.set_message(format!("{} x {}", sz.label(), fmt_count(*k)));
+            for j in 0..CONTENDERS.len() {
+                let who = CONTENDERS[(j + rep) % CONTENDERS.len()];
+                if !fits(who, sz) {
+                    continue;
+                }
+                let a = ChildArgs { contender: who.into(), config: ci, n, max_n, seed: opts.seed, rounds: per };
+                match run_child(child, &a, opts.timeout) {
+                    Ok(v) => {
+                        for (i, m) in v.into_iter().enumerate() {
+                            if m.checksum != e {
+                                failures.push(format!("{who}: checksum {} != {e} ({} x {k})", m.checksum, sz.label()));
+                                continue;
+                            }
+                            rounds.push(Round {
+                                sizes: sz.label(),
+                                n: *k,
+                                contender: who.into(),
+                                rep: rep * per + i,
+                                alloc_ns: m.alloc_ns,
+                                free_ns: m.free_ns,
+                                free_all_ns: m.free_all_ns,
+                                checksum: m.checksum,
+                            });
+                        }
+                    }
+                    Err(err) => failures.push(format!("{who}, {} x {k}: {err:#}", sz.label())),
+                }
+            }
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+}
+
+/// Every contender in this process: one warm-up round of each, then
+/// `reps_for(runs, k)` interleaved rounds per configuration.
+fn run_in_process(
+    cfgs: &[(Sizes, usize)],
+    capacity: usize,
+    runs: usize,
+    rounds: &mut Vec<Round>,
+    failures: &mut Vec<String>,
+) -> Result<()> {
     let total: usize = cfgs.iter().map(|(_, k)| reps_for(runs, *k) + 1).sum();
     let pb = crate::progress::bar(total as u64, "region-speed");
-    let mut b = Bench {
-        ra: RegionAllocator::new(),
-        ram: region_myrmics()?,
-        bump: bumpalo::Bump::new(),
-        ptrs: Vec::with_capacity(n.max(max_n)),
-        keys: Vec::with_capacity(n.max(max_n)),
-    };
-    let mut rounds = Vec::new();
-    for (sz, k) in &cfgs {
+    let mut b = Bench::new(capacity)?;
+    for (sz, k) in cfgs {
         let reps = reps_for(runs, *k);
         let e = expected_checksum(*k);
         for rep in 0..=reps {
@@ -553,43 +798,7 @@ pub fn run(common: &RegionCommon, opts: &SpeedOptions) -> Result<Finished> {
         b.bump = bumpalo::Bump::new();
     }
     pb.finish_and_clear();
-    let cells = summarize(&rounds, &cfgs);
-    let targets = targets(&cells, n);
-    let markdown = markdown(
-        &cells,
-        &targets,
-        n,
-        &sweep,
-        &lib,
-        runs,
-        common.size,
-        &machine,
-        &failures,
-    );
-    let svg = render(&cells, n, &sweep)
-        .map_err(|e| eprintln!("warning: {e:#}"))
-        .ok();
-    let report = Report {
-        experiment: "region-speed".into(),
-        title: "Allocate and free in a region, and free a whole region, vs. malloc, bumpalo, typed-arena, slab".into(),
-        paper: "002 Myrmics §4.3".into(),
-        size: common.size,
-        params: json!({ "n": n, "sweep": sweep, "sweep_size": SWEEP_SIZE, "fixed": FIXED, "mixed": MIXED,
-                        "runs": runs, "seed": opts.seed, "contenders": CONTENDERS }),
-        machine,
-        contenders: Vec::new(),
-        skipped: Vec::new(),
-        summary: SpeedSummary { n, sweep, malloc_library: lib, cells, targets, rounds },
-        runs: Vec::new(),
-        failures: failures.clone(),
-    };
-    let written = report::write_all(&common.results_dir, &report, &markdown, svg.as_deref())?;
-    Ok(Finished {
-        name: "region-speed".into(),
-        markdown,
-        written,
-        failures,
-    })
+    Ok(())
 }
 
 /// Medians per (configuration, contender).
@@ -707,11 +916,27 @@ fn markdown(
     size: Size,
     machine: &Machine,
     failures: &[String],
+    children: bool,
 ) -> String {
+    let how = if children {
+        format!(
+            "Size `{}`, one child process per repetition and contender: each configuration runs every contender \
+             {runs} times in turn (the order turned by one contender each time), each run a fresh process that does one \
+             warm-up round and then its measured rounds (one; more for small counts); medians of all measured rounds. \
+             Separate processes average over where each contender's memory lands, which in one process is fixed for \
+             all its rounds and shifted by the other contenders (`bench region-speed --help`).",
+            size.name()
+        )
+    } else {
+        format!(
+            "In-process, size `{}`: each configuration runs every contender in turn (one warm-up round, then {runs}+ \
+             interleaved rounds, the order turned by one contender each round; more for small counts), medians reported.",
+            size.name()
+        )
+    };
     let mut md = format!(
         "# Allocation in a region and freeing a region (paper 002, §4.3)\n\n\
-         In-process, size `{}`: each configuration runs every contender in turn (one warm-up round, then {runs}+ \
-         interleaved rounds, the order turned by one contender each round; more for small counts), medians reported. Objects get 8 bytes written when allocated. \
+         {how} Objects get 8 bytes written when allocated. \
          `glibc` is `libc::malloc`, resolved in `{lib}`; `canopy` is `canopy_alloc::alloc/free` called directly; \
          `region` allocates in a fresh region of a long-lived `RegionAllocator` through `in_region` (the region id \
          checked once) and frees one by one, or (second round) frees the region with `rfree`; `region-by-id` is the \
@@ -720,8 +945,7 @@ fn markdown(
          values and are dropped (they have no mixed-size row). Times include the page faults an allocator causes \
          itself: a contender that gives memory back to the kernel when its objects are freed (glibc trims its heap, \
          `typed-arena` and `slab` free their buffers) touches fresh pages again in the next round, while the region \
-         allocator and `bumpalo` keep theirs.\n\n",
-        size.name()
+         allocator and `bumpalo` keep theirs.\n\n"
     );
     md.push_str(&machine_markdown(machine));
     let labels: Vec<String> = FIXED
@@ -1025,5 +1249,58 @@ mod tests {
         let svg = render(&cells, 500, &sweep).unwrap();
         assert!(svg.starts_with("<svg"));
         assert!(malloc_library() != "unknown");
+    }
+
+    fn child(contender: &str, config: usize) -> ChildArgs {
+        ChildArgs { contender: contender.into(), config, n: 500, max_n: 1000, seed: 1, rounds: 2 }
+    }
+
+    #[test]
+    fn a_child_reports_its_measured_rounds_as_one_json_line() {
+        let (cfgs, _) = configs(500, 1000, 1);
+        for (ci, (sz, k)) in cfgs.iter().enumerate() {
+            for who in CONTENDERS {
+                let r = child_main(&child(who, ci));
+                if !fits(who, sz) {
+                    let e = r.unwrap_err().to_string();
+                    assert!(e.contains(who) && e.contains(&sz.label()), "{e}");
+                    continue;
+                }
+                let line = r.unwrap();
+                assert!(!line.contains('\n'));
+                let v: Vec<Measure> = serde_json::from_str(&line).unwrap();
+                assert_eq!(v.len(), 2, "{who} {}: {line}", sz.label());
+                for m in v {
+                    assert_eq!(m.checksum, expected_checksum(*k), "{who} {}", sz.label());
+                    assert!(m.alloc_ns > 0.0 && m.free_all_ns >= 0.0);
+                    assert_eq!(m.free_ns.is_some(), !matches!(who, "bumpalo" | "typed-arena"), "{who}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_child_asked_for_what_does_not_exist_says_what() {
+        let e = child_main(&child("hoard", 0)).unwrap_err().to_string();
+        assert!(e.contains("unknown contender `hoard`") && e.contains("region-by-id"), "{e}");
+        let e = child_main(&child("region", 99)).unwrap_err().to_string();
+        assert!(e.contains("configuration 99 does not exist"), "{e}");
+    }
+
+    #[test]
+    fn a_failing_child_is_reported_with_its_command_line() {
+        // `false` prints nothing and exits 1; `echo` prints its arguments,
+        // which are not rounds.
+        let a = child("region", 0);
+        let t = std::time::Duration::from_secs(30);
+        let c = ChildCommand { program: "false".into(), args: Vec::new() };
+        let e = format!("{:#}", run_child(&c, &a, t).unwrap_err());
+        assert!(e.contains("false --contender region") && e.contains("Code"), "{e}");
+        let c = ChildCommand { program: "echo".into(), args: vec!["[]".into()] };
+        let e = format!("{:#}", run_child(&c, &a, t).unwrap_err());
+        assert!(e.contains("not its rounds"), "{e}");
+        let c = ChildCommand { program: "sh".into(), args: vec!["-c".into(), "echo '[]'".into(), "sh".into()] };
+        let e = format!("{:#}", run_child(&c, &a, t).unwrap_err());
+        assert!(e.contains("reported 0 rounds, not 2"), "{e}");
     }
 }
