@@ -792,7 +792,13 @@ impl RegionAllocator {
     /// aligned to the largest power of two dividing the slot size (at least
     /// the smallest slot, 16 B by default); larger ones span consecutive
     /// slabs (slab-aligned).
-    #[inline]
+    ///
+    /// Always inlined: the fast path is a few instructions and everything
+    /// else is one call, so a caller's loop keeps it in place whatever the
+    /// compiler decides about the loop (left to `#[inline]`, a loop whose
+    /// size is a constant got it inlined and the same loop over varying
+    /// sizes a call per object).
+    #[inline(always)]
     pub fn alloc(&mut self, size: usize, rid: RegionId) -> Result<NonNull<u8>, RegionError> {
         // Fast path: a live region, a small size, and a cursor word with a
         // free slot.  Everything else (no cursor, size 0 or above a slab, a
@@ -2064,8 +2070,9 @@ impl InRegion<'_> {
     }
 
     /// Allocate `size` bytes in the region, as
-    /// [`RegionAllocator::alloc`] does.
-    #[inline]
+    /// [`RegionAllocator::alloc`] does (and, like it, always inlined: the
+    /// fast path with one call for the rest).
+    #[inline(always)]
     pub fn alloc(&mut self, size: usize) -> Result<NonNull<u8>, RegionError> {
         match self.alloc_fast(size) {
             Some(p) => Ok(p),
@@ -2095,7 +2102,7 @@ impl InRegion<'_> {
     /// [`alloc`](Self::alloc) when [`alloc_fast`](Self::alloc_fast) found
     /// no slot: the next word, a partial slab, or a new one for a slot size
     /// (class 0 is size 0, which goes the slow way), or a spanning object.
-    #[inline]
+    #[inline(never)]
     pub(crate) fn alloc_refill(&mut self, size: usize) -> Result<NonNull<u8>, RegionError> {
         let g = size.wrapping_add(15) >> 4;
         if let Some(&SlotOf { class, .. }) = self.ra.by16.get(g) {

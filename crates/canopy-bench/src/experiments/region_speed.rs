@@ -165,14 +165,6 @@ impl Sizes {
             Sizes::Mixed(_) => "mixed 16-256 B".into(),
         }
     }
-
-    #[inline(always)]
-    fn at(&self, i: usize) -> usize {
-        match self {
-            Sizes::Fixed(s) => *s,
-            Sizes::Mixed(v) => v[i],
-        }
-    }
 }
 
 /// One measured round of one contender.
@@ -298,6 +290,129 @@ fn ns(t: Instant) -> f64 {
     t.elapsed().as_nanos() as f64
 }
 
+fn region_err(e: canopy_region::RegionError) -> anyhow::Error {
+    anyhow!("region allocator: {e}")
+}
+
+// The timed allocation loops, one per contender.  They are not inlined, so
+// that the instruction counts (callgrind's `--toggle-collect` on
+// `*region_speed::timed_*`) take in exactly these loops and what they call.
+// Each loop is compiled twice through `by_size`: once with a fixed size (a
+// constant of the loop, as a program allocating one type has) and once with
+// the mixed sizes; left to itself, the compiler splits some contenders'
+// loops that way and not others'.
+
+/// Run `body(i, size_of_object_i)` for i in 0..n, with the fixed-size case
+/// as a separate loop in which the size does not change.
+#[inline(always)]
+fn by_size<E>(sz: &Sizes, n: usize, mut body: impl FnMut(usize, usize) -> Result<(), E>) -> Result<(), E> {
+    match sz {
+        Sizes::Fixed(s) => {
+            let s = *s;
+            for i in 0..n {
+                body(i, s)?;
+            }
+        }
+        Sizes::Mixed(v) => {
+            for (i, &s) in v[..n].iter().enumerate() {
+                body(i, s)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `n` objects in region `rid` through `alloc(size, id)` (also the untimed
+/// second round of the region contenders).
+#[inline(always)]
+fn fill_by_id(ra: &mut RegionAllocator, rid: RegionId, sz: &Sizes, n: usize, ptrs: &mut Vec<*mut u8>) -> Result<()> {
+    by_size(sz, n, #[inline(always)] |i, s| {
+        let p = ra.alloc(s, rid).map_err(region_err)?.as_ptr();
+        touch(p, i);
+        ptrs.push(p);
+        Ok(())
+    })
+}
+
+#[inline(never)]
+fn timed_region_by_id(ra: &mut RegionAllocator, rid: RegionId, sz: &Sizes, n: usize, ptrs: &mut Vec<*mut u8>) -> Result<()> {
+    fill_by_id(ra, rid, sz, n, ptrs)
+}
+
+#[inline(never)]
+fn timed_region_in(inr: &mut canopy_region::InRegion<'_>, sz: &Sizes, n: usize, ptrs: &mut Vec<*mut u8>) -> Result<()> {
+    by_size(sz, n, #[inline(always)] |i, s| {
+        let p = inr.alloc(s).map_err(region_err)?.as_ptr();
+        touch(p, i);
+        ptrs.push(p);
+        Ok(())
+    })
+}
+
+#[inline(never)]
+fn timed_canopy(sz: &Sizes, n: usize, ptrs: &mut Vec<*mut u8>) -> Result<()> {
+    by_size(sz, n, #[inline(always)] |i, s| {
+        let p = canopy_alloc::alloc(s);
+        if p.is_null() {
+            bail!("canopy_alloc::alloc({s}) returned null");
+        }
+        touch(p, i);
+        ptrs.push(p);
+        Ok(())
+    })
+}
+
+#[inline(never)]
+fn timed_glibc(sz: &Sizes, n: usize, ptrs: &mut Vec<*mut u8>) -> Result<()> {
+    by_size(sz, n, #[inline(always)] |i, s| {
+        // SAFETY: plain malloc; null is checked.
+        let p = unsafe { libc::malloc(s) } as *mut u8;
+        if p.is_null() {
+            bail!("malloc({s}) returned null");
+        }
+        touch(p, i);
+        ptrs.push(p);
+        Ok(())
+    })
+}
+
+#[inline(never)]
+fn timed_bumpalo(bump: &bumpalo::Bump, sz: &Sizes, n: usize, ptrs: &mut Vec<*mut u8>) -> Result<()> {
+    by_size(sz, n, #[inline(always)] |i, s| {
+        let l = Layout::from_size_align(s, 8).map_err(|e| anyhow!("{e}"))?;
+        let p = bump.alloc_layout(l).as_ptr();
+        touch(p, i);
+        ptrs.push(p);
+        Ok(())
+    })
+}
+
+#[inline(never)]
+fn timed_typed_arena<const N: usize>(arena: &typed_arena::Arena<MaybeUninit<[u64; N]>>, n: usize, ptrs: &mut Vec<*mut u8>) {
+    for i in 0..n {
+        let p = arena.alloc(MaybeUninit::uninit()).as_mut_ptr() as *mut u8;
+        touch(p, i);
+        ptrs.push(p);
+    }
+}
+
+/// `n` values in `s`, their keys in `keys` (also the untimed second round).
+#[inline(always)]
+fn slab_fill<const N: usize>(s: &mut slab::Slab<MaybeUninit<[u64; N]>>, keys: &mut Vec<usize>, n: usize) {
+    keys.clear();
+    for i in 0..n {
+        let e = s.vacant_entry();
+        keys.push(e.key());
+        let p = e.insert(MaybeUninit::uninit()).as_mut_ptr() as *mut u8;
+        touch(p, i);
+    }
+}
+
+#[inline(never)]
+fn timed_slab<const N: usize>(s: &mut slab::Slab<MaybeUninit<[u64; N]>>, keys: &mut Vec<usize>, n: usize) {
+    slab_fill(s, keys, n)
+}
+
 /// The state that lives across rounds (warm allocators, as in a long-running program).
 struct Bench {
     ra: RegionAllocator,
@@ -329,18 +444,9 @@ impl Bench {
         self.ptrs.clear();
         let t = Instant::now();
         if by_id {
-            for i in 0..n {
-                let p = self.ra.alloc(sz.at(i), rid).map_err(e)?.as_ptr();
-                touch(p, i);
-                self.ptrs.push(p);
-            }
+            timed_region_by_id(&mut self.ra, rid, sz, n, &mut self.ptrs)?;
         } else {
-            let mut inr = self.ra.in_region(rid).map_err(e)?;
-            for i in 0..n {
-                let p = inr.alloc(sz.at(i)).map_err(e)?.as_ptr();
-                touch(p, i);
-                self.ptrs.push(p);
-            }
+            timed_region_in(&mut self.ra.in_region(rid).map_err(e)?, sz, n, &mut self.ptrs)?;
         }
         let a = ns(t);
         let c = sum(&self.ptrs);
@@ -356,11 +462,7 @@ impl Bench {
         // Second round: the same objects, then the region freed at once.
         let rid = self.ra.ralloc(RegionId::ROOT, 0).map_err(e)?;
         self.ptrs.clear();
-        for i in 0..n {
-            let p = self.ra.alloc(sz.at(i), rid).map_err(e)?.as_ptr();
-            touch(p, i);
-            self.ptrs.push(p);
-        }
+        fill_by_id(&mut self.ra, rid, sz, n, &mut self.ptrs)?;
         let c2 = sum(&self.ptrs);
         let t = Instant::now();
         self.ra.rfree(rid).map_err(e)?;
@@ -374,14 +476,7 @@ impl Bench {
     fn canopy(&mut self, sz: &Sizes, n: usize) -> Result<Measured> {
         self.ptrs.clear();
         let t = Instant::now();
-        for i in 0..n {
-            let p = canopy_alloc::alloc(sz.at(i));
-            if p.is_null() {
-                bail!("canopy_alloc::alloc({}) returned null", sz.at(i));
-            }
-            touch(p, i);
-            self.ptrs.push(p);
-        }
+        timed_canopy(sz, n, &mut self.ptrs)?;
         let a = ns(t);
         let c = sum(&self.ptrs);
         let t = Instant::now();
@@ -396,15 +491,7 @@ impl Bench {
     fn glibc(&mut self, sz: &Sizes, n: usize) -> Result<Measured> {
         self.ptrs.clear();
         let t = Instant::now();
-        for i in 0..n {
-            // SAFETY: plain malloc; null is checked.
-            let p = unsafe { libc::malloc(sz.at(i)) } as *mut u8;
-            if p.is_null() {
-                bail!("malloc({}) returned null", sz.at(i));
-            }
-            touch(p, i);
-            self.ptrs.push(p);
-        }
+        timed_glibc(sz, n, &mut self.ptrs)?;
         let a = ns(t);
         let c = sum(&self.ptrs);
         let t = Instant::now();
@@ -419,12 +506,7 @@ impl Bench {
     fn bumpalo(&mut self, sz: &Sizes, n: usize) -> Result<Measured> {
         self.ptrs.clear();
         let t = Instant::now();
-        for i in 0..n {
-            let l = Layout::from_size_align(sz.at(i), 8).map_err(|e| anyhow!("{e}"))?;
-            let p = self.bump.alloc_layout(l).as_ptr();
-            touch(p, i);
-            self.ptrs.push(p);
-        }
+        timed_bumpalo(&self.bump, sz, n, &mut self.ptrs)?;
         let a = ns(t);
         let c = sum(&self.ptrs);
         let t = Instant::now();
@@ -437,11 +519,7 @@ impl Bench {
         self.ptrs.clear();
         let arena: typed_arena::Arena<MaybeUninit<[u64; N]>> = typed_arena::Arena::new();
         let t = Instant::now();
-        for i in 0..n {
-            let p = arena.alloc(MaybeUninit::uninit()).as_mut_ptr() as *mut u8;
-            touch(p, i);
-            self.ptrs.push(p);
-        }
+        timed_typed_arena(&arena, n, &mut self.ptrs);
         let a = ns(t);
         let c = sum(&self.ptrs);
         let t = Instant::now();
@@ -452,22 +530,13 @@ impl Bench {
 
     fn slab<const N: usize>(&mut self, n: usize) -> Result<Measured> {
         let mut s: slab::Slab<MaybeUninit<[u64; N]>> = slab::Slab::new();
-        let fill = |s: &mut slab::Slab<MaybeUninit<[u64; N]>>, keys: &mut Vec<usize>| {
-            keys.clear();
-            for i in 0..n {
-                let e = s.vacant_entry();
-                keys.push(e.key());
-                let p = e.insert(MaybeUninit::uninit()).as_mut_ptr() as *mut u8;
-                touch(p, i);
-            }
-        };
         let check = |s: &slab::Slab<MaybeUninit<[u64; N]>>, keys: &[usize]| {
             keys.iter().fold(0u64, |a, &k| {
                 a.wrapping_add(read(s[k].as_ptr() as *const u8))
             })
         };
         let t = Instant::now();
-        fill(&mut s, &mut self.keys);
+        timed_slab(&mut s, &mut self.keys, n);
         let a = ns(t);
         let c = check(&s, &self.keys);
         let t = Instant::now();
@@ -476,7 +545,7 @@ impl Bench {
         }
         let f = ns(t);
         let mut s2: slab::Slab<MaybeUninit<[u64; N]>> = slab::Slab::new();
-        fill(&mut s2, &mut self.keys);
+        slab_fill(&mut s2, &mut self.keys, n);
         let c2 = check(&s2, &self.keys);
         let t = Instant::now();
         drop(black_box(s2));
