@@ -174,6 +174,8 @@ enum Experiment {
                             Separate processes, because a contender's speed depends on where its memory lands: in one \
                             process that is fixed for all its rounds and shifted by what the other contenders did (the \
                             same 64 B path measured 10 and 15.5 ns in two region allocators of one process). \
+                            Instructions per allocation are counted too, repeatably: callgrind on the timed loops of \
+                            children with two and with one measured round (a tenth of the objects). \
                             Targets: region allocation at least as fast as Canopy's malloc for every size; region \
                             free of 10^6 objects at least 100x faster than freeing them one by one."
     )]
@@ -459,6 +461,9 @@ struct RegionSpeedArgs {
     /// Largest object count of the free-everything sweep [default: 1000000, 10000000 paper]
     #[arg(long)]
     max_n: Option<usize>,
+    /// Skip the instruction counts (callgrind, a tenth of the objects)
+    #[arg(long)]
+    no_instructions: bool,
 }
 
 #[derive(Debug, Args)]
@@ -612,6 +617,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         max_n: a.max_n,
                         child: Some(region_speed_child()?),
                         timeout: Duration::from_secs(cli.timeout.max(1)),
+                        instructions: !a.no_instructions,
+                        install: !cli.no_install,
                         ..Default::default()
                     };
                     region_speed::run(&region_common(&cli, a.size.size(), a.runs), &opts)?
@@ -790,6 +797,7 @@ fn tour(cli: &Cli, a: &TourArgs) -> Result<ExitCode> {
                 let opts = region_speed::SpeedOptions {
                     child: Some(region_speed_child()?),
                     timeout: Duration::from_secs(cli.timeout.max(1)),
+                    install: !cli.no_install,
                     ..Default::default()
                 };
                 region_speed::run(&regc, &opts)

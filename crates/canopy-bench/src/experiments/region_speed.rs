@@ -43,7 +43,7 @@ use std::hint::black_box;
 use std::mem::MaybeUninit;
 use std::time::Instant;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use canopy_region::{RegionAllocator, RegionId};
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -95,6 +95,12 @@ pub struct SpeedOptions {
     pub child: Option<ChildCommand>,
     /// Kill a child that runs longer than this.
     pub timeout: std::time::Duration,
+    /// Count instructions too (children under callgrind; needs `child`).
+    pub instructions: bool,
+    /// May install valgrind with apt-get when it is missing.
+    pub install: bool,
+    /// Parallel callgrind jobs (counts do not depend on it).
+    pub jobs: usize,
 }
 
 impl Default for SpeedOptions {
@@ -105,6 +111,9 @@ impl Default for SpeedOptions {
             seed: 2013,
             child: None,
             timeout: std::time::Duration::from_secs(900),
+            instructions: true,
+            install: true,
+            jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
 }
@@ -221,6 +230,29 @@ pub struct Target {
     pub met: Option<bool>,
 }
 
+/// Instructions per allocation of one contender and size, counted by
+/// callgrind in the timed loop only.
+#[derive(Debug, Clone, Serialize)]
+pub struct IrCell {
+    /// Size label.
+    pub sizes: String,
+    /// Contender.
+    pub contender: String,
+    /// Instructions per object: (Ir(two measured rounds) − Ir(one)) / n.
+    pub per_object: f64,
+}
+
+/// The instruction counts of a run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Instructions {
+    /// Objects per counted round.
+    pub n: usize,
+    /// Per (size, contender); a failed count is in the report's failures.
+    pub cells: Vec<IrCell>,
+    /// Why nothing was counted, if so.
+    pub skipped: Option<String>,
+}
+
 /// The summary written to JSON.
 #[derive(Debug, Clone, Serialize)]
 pub struct SpeedSummary {
@@ -236,6 +268,8 @@ pub struct SpeedSummary {
     pub targets: Vec<Target>,
     /// Every recorded round.
     pub rounds: Vec<Round>,
+    /// Instructions per allocation (callgrind).
+    pub instructions: Instructions,
 }
 
 /// The shared object that defines the `malloc` this process calls.
@@ -624,6 +658,16 @@ pub fn child_main(a: &ChildArgs) -> Result<String> {
 /// Run one child and read its rounds; an error says what went wrong and how
 /// the child was started.
 fn run_child(c: &ChildCommand, a: &ChildArgs, timeout: std::time::Duration) -> Result<Vec<Measure>> {
+    run_child_with(c, a, timeout, Vec::new())
+}
+
+/// [`run_child`] under `wrapper` (a command and its options, e.g. valgrind's).
+fn run_child_with(
+    c: &ChildCommand,
+    a: &ChildArgs,
+    timeout: std::time::Duration,
+    wrapper: Vec<std::ffi::OsString>,
+) -> Result<Vec<Measure>> {
     let mut args = c.args.clone();
     args.extend([
         "--contender".into(),
@@ -643,7 +687,7 @@ fn run_child(c: &ChildCommand, a: &ChildArgs, timeout: std::time::Duration) -> R
         program: c.program.clone(),
         args,
         preload: None,
-        wrapper: Vec::new(),
+        wrapper,
         env: Vec::new(),
         timeout,
     };
@@ -723,8 +767,17 @@ pub fn run(common: &RegionCommon, opts: &SpeedOptions) -> Result<Finished> {
         run_in_process(&cfgs, n.max(max_n), runs, &mut rounds, &mut failures)?;
     }
     let isolation = if opts.child.is_some() { "children" } else { "in-process" };
+    let instructions = match (&opts.child, opts.instructions) {
+        (Some(child), true) => count_instructions(child, opts, ir_count(n), max_n, &mut failures),
+        (None, true) => Instructions {
+            skipped: Some("instructions are counted in child processes, and this run had none".into()),
+            ..Default::default()
+        },
+        (_, false) => Instructions { skipped: Some("not asked for".into()), ..Default::default() },
+    };
     let cells = summarize(&rounds, &cfgs);
-    let targets = targets(&cells, n);
+    let mut targets = targets(&cells, n);
+    targets.extend(ir_targets(&instructions));
     let markdown = markdown(
         &cells,
         &targets,
@@ -736,6 +789,7 @@ pub fn run(common: &RegionCommon, opts: &SpeedOptions) -> Result<Finished> {
         &machine,
         &failures,
         opts.child.is_some(),
+        &instructions,
     );
     let svg = render(&cells, n, &sweep)
         .map_err(|e| eprintln!("warning: {e:#}"))
@@ -750,7 +804,7 @@ pub fn run(common: &RegionCommon, opts: &SpeedOptions) -> Result<Finished> {
         machine,
         contenders: Vec::new(),
         skipped: Vec::new(),
-        summary: SpeedSummary { n, sweep, malloc_library: lib, cells, targets, rounds },
+        summary: SpeedSummary { n, sweep, malloc_library: lib, cells, targets, rounds, instructions },
         runs: Vec::new(),
         failures: failures.clone(),
     };
@@ -816,6 +870,125 @@ fn run_children(
         }
     }
     pb.finish_and_clear();
+}
+
+/// Objects per instruction-counted round for `n` per timed one: a tenth
+/// (callgrind runs some 50 times slower; a count per object hardly depends
+/// on n), at least 1000.
+pub fn ir_count(n: usize) -> usize {
+    (n / 10).max(1000)
+}
+
+/// The pattern of the timed loops for callgrind's `--toggle-collect`.
+pub const TIMED_LOOPS: &str = "*region_speed::timed_*";
+
+/// Instructions per allocation of every contender in the fixed and mixed
+/// size configurations of `n` objects: each counted as the difference
+/// between a child with two measured rounds and one with one, run under
+/// callgrind collecting only in the timed loops ([`TIMED_LOOPS`]), so the
+/// warm-up round, the start-up and everything outside the loops cancel.
+/// Deterministic: one count each.
+fn count_instructions(
+    child: &ChildCommand,
+    opts: &SpeedOptions,
+    n: usize,
+    max_n: usize,
+    failures: &mut Vec<String>,
+) -> Instructions {
+    use super::sac_callgrind::find_valgrind;
+    if find_valgrind().is_none() && opts.install {
+        if let Err(e) = crate::anchors::apt_install(&["valgrind"]) {
+            eprintln!("warning: {e}");
+        }
+    }
+    let Some(valgrind) = find_valgrind() else {
+        let why = "valgrind not found: install it (`apt-get install valgrind`) for the instruction counts".to_string();
+        eprintln!("warning: {why}");
+        return Instructions { n, cells: Vec::new(), skipped: Some(why) };
+    };
+    let scratch = match crate::artifacts::ScratchDir::new(&std::env::temp_dir(), "canopy-region-speed-callgrind") {
+        Ok(s) => s,
+        Err(e) => {
+            let why = format!("no scratch directory for callgrind's output: {e:#}");
+            failures.push(why.clone());
+            return Instructions { n, cells: Vec::new(), skipped: Some(why) };
+        }
+    };
+    let (cfgs, _) = configs(n, max_n, opts.seed);
+    // (config, contender, rounds)
+    let mut jobs = Vec::new();
+    for (ci, (sz, _)) in cfgs.iter().enumerate().take(FIXED.len() + 1) {
+        for who in CONTENDERS {
+            if fits(who, sz) {
+                jobs.push((ci, who, 1usize));
+                jobs.push((ci, who, 2usize));
+            }
+        }
+    }
+    let pb = crate::progress::bar(jobs.len() as u64, "region-speed instructions");
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: std::sync::Mutex<Vec<(usize, Result<u64>)>> = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..opts.jobs.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&(ci, who, rounds)) = jobs.get(i) else { break };
+                let out_file = scratch.path().join(format!("{i}.out"));
+                let a = ChildArgs { contender: who.into(), config: ci, n, max_n, seed: opts.seed, rounds };
+                let r = count_one(child, &valgrind, &out_file, &a, expected_checksum(cfgs[ci].1), opts.timeout);
+                results.lock().unwrap_or_else(|e| e.into_inner()).push((i, r));
+                pb.inc(1);
+            });
+        }
+    });
+    pb.finish_and_clear();
+    let mut counts: Vec<Option<u64>> = vec![None; jobs.len()];
+    for (i, r) in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        match r {
+            Ok(ir) => counts[i] = Some(ir),
+            Err(e) => failures.push(format!("instruction count of {} ({}): {e:#}", jobs[i].1, cfgs[jobs[i].0].0.label())),
+        }
+    }
+    let mut cells = Vec::new();
+    for (k, pair) in jobs.chunks(2).enumerate() {
+        let (ci, who, _) = pair[0];
+        if let (Some(one), Some(two)) = (counts[2 * k], counts[2 * k + 1]) {
+            cells.push(IrCell {
+                sizes: cfgs[ci].0.label(),
+                contender: who.into(),
+                per_object: (two as f64 - one as f64) / n as f64,
+            });
+        }
+    }
+    Instructions { n, cells, skipped: None }
+}
+
+/// One child under callgrind: its instructions in the timed loops, after
+/// checking that it read back the right values.
+fn count_one(
+    child: &ChildCommand,
+    valgrind: &std::path::Path,
+    out_file: &std::path::Path,
+    a: &ChildArgs,
+    expected: u64,
+    timeout: std::time::Duration,
+) -> Result<u64> {
+    let mut file_opt = std::ffi::OsString::from("--callgrind-out-file=");
+    file_opt.push(out_file);
+    let wrapper = vec![
+        valgrind.as_os_str().to_owned(),
+        "--tool=callgrind".into(),
+        file_opt,
+        "--collect-atstart=no".into(),
+        format!("--toggle-collect={TIMED_LOOPS}").into(),
+    ];
+    let v = run_child_with(child, a, timeout, wrapper)?;
+    if let Some(m) = v.iter().find(|m| m.checksum != expected) {
+        bail!("read back {} instead of {expected}", m.checksum);
+    }
+    let text = std::fs::read_to_string(out_file)
+        .with_context(|| format!("reading callgrind's output {}", out_file.display()))?;
+    crate::parse::callgrind_total_ir(&text)
 }
 
 /// Every contender in this process: one warm-up round of each, then
@@ -974,6 +1147,45 @@ pub fn targets(cells: &[Cell], n: usize) -> Vec<Target> {
     out
 }
 
+/// The allocation target by instruction count: `region` and
+/// `region-by-id` against `canopy`, every size.
+pub fn ir_targets(ir: &Instructions) -> Vec<Target> {
+    let mut labels: Vec<String> = FIXED.iter().map(|s| Sizes::Fixed(*s).label()).collect();
+    labels.push(Sizes::Mixed(Vec::new()).label());
+    let get = |l: &str, who: &str| ir.cells.iter().find(|c| c.sizes == l && c.contender == who).map(|c| c.per_object);
+    let mut out = Vec::new();
+    for (who, what) in [("region", "`in_region`"), ("region-by-id", "`alloc(size, id)`")] {
+        let target = format!(
+            "allocation in a region ({what}) at least as fast as Canopy's malloc, in instructions per object (callgrind, {} objects)",
+            fmt_count(ir.n.max(1))
+        );
+        if let Some(why) = &ir.skipped {
+            out.push(Target { target, measured: format!("not counted: {why}"), met: None });
+            continue;
+        }
+        let mut all = true;
+        let mut parts = Vec::new();
+        for l in &labels {
+            match (get(l, who), get(l, "canopy")) {
+                (Some(r), Some(c)) => {
+                    all &= r <= c;
+                    parts.push(format!("{l}: {r:.1} vs {c:.1} ({:.2}x)", r / c));
+                }
+                _ => {
+                    all = false;
+                    parts.push(format!("{l}: not counted"));
+                }
+            }
+        }
+        out.push(Target {
+            target,
+            measured: format!("instructions per allocation, {who} vs canopy: {}", parts.join("; ")),
+            met: Some(all),
+        });
+    }
+    out
+}
+
 #[allow(clippy::too_many_arguments)]
 fn markdown(
     cells: &[Cell],
@@ -986,6 +1198,7 @@ fn markdown(
     machine: &Machine,
     failures: &[String],
     children: bool,
+    ir: &Instructions,
 ) -> String {
     let how = if children {
         format!(
@@ -1048,6 +1261,33 @@ fn markdown(
         &format!("Time to free all {} objects", fmt_count(n)),
         &|c| format!("{} ({})", fmt_ns(c.free_all_ns), c.free_all_by),
     ));
+    match &ir.skipped {
+        Some(why) => {
+            let _ = write!(md, "\n## Instructions per allocation\n\nNot counted: {why}.\n");
+        }
+        None => {
+            let _ = write!(
+                md,
+                "\n## Instructions per allocation (callgrind, {} objects)\n\n\
+                 Counted by callgrind in the timed allocation loop only (`--toggle-collect={TIMED_LOOPS}`), as the \
+                 difference between a child that measures two rounds and one that measures one, so start-up, the \
+                 warm-up round and everything outside the loop cancel: a steady-state round of a warm allocator. The \
+                 loop's own work (writing the object's first word, keeping its address) is in every count; \
+                 `bumpalo`'s is close to that floor. Repeatable, unlike the times above.\n\n",
+                fmt_count(ir.n)
+            );
+            let mut t = Table::new(std::iter::once("contender".to_string()).chain(labels.iter().cloned()));
+            for who in CONTENDERS {
+                t.row(std::iter::once(who.to_string()).chain(labels.iter().map(|l| {
+                    ir.cells
+                        .iter()
+                        .find(|c| &c.sizes == l && c.contender == who)
+                        .map_or_else(|| "–".into(), |c| format!("{:.1}", c.per_object))
+                })));
+            }
+            md.push_str(&t.render());
+        }
+    }
     let l = Sizes::Fixed(SWEEP_SIZE).label();
     let _ = write!(md, "\n## Time to free everything, {l} objects\n\n");
     let mut t = Table::new(
