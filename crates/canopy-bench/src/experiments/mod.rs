@@ -1,7 +1,8 @@
 //! The experiments.  Each one runs its programs on every contender, runs the
-//! contenders interleaved (A B C A B C, not A A B B C C) so that a change in
-//! machine load hits all of them alike, takes medians, and writes
-//! `results/<name>.{json,md,svg}`.
+//! contenders interleaved so that a change in machine load hits all of them
+//! alike, with the order turned by one each repetition (A B C, B C A, C A B:
+//! [`rotated`]) so that no contender always runs right after the same other
+//! one, takes medians, and writes `results/<name>.{json,md,svg}`.
 //!
 //! | experiment | what | paper |
 //! |---|---|---|
@@ -83,6 +84,16 @@ pub fn measure(
     }
 }
 
+/// The items of `v` starting at `rep % len` and wrapping around: the order
+/// of repetition `rep`.  (With a fixed order, Canopy ran right after glibc in
+/// every run of `workloads`, whose cache-scratch takes glibc 0.15-0.2 s of
+/// false sharing, and measured 1.15x jemalloc there, against 1.03x in 15
+/// interleaved runs of the two alone.)
+pub fn rotated<T>(v: &[T], rep: usize) -> impl Iterator<Item = &T> {
+    let n = v.len();
+    (0..n).map(move |j| &v[(j + rep) % n])
+}
+
 /// The error messages of the failed runs, in run order.
 pub fn failures_of(runs: &[RunRecord]) -> Vec<String> {
     runs.iter()
@@ -135,4 +146,21 @@ pub fn machine_markdown(m: &crate::report::Machine) -> String {
         m.date,
         m.git_commit.as_deref().unwrap_or("none")
     )
+}
+
+#[cfg(test)]
+mod rotation_tests {
+    use super::rotated;
+
+    #[test]
+    fn every_repetition_has_every_item_once_and_each_leads_in_turn() {
+        let v = ["a", "b", "c"];
+        let orders: Vec<Vec<&str>> = (0..4).map(|r| rotated(&v, r).copied().collect()).collect();
+        assert_eq!(orders[0], ["a", "b", "c"]);
+        assert_eq!(orders[1], ["b", "c", "a"]);
+        assert_eq!(orders[2], ["c", "a", "b"]);
+        assert_eq!(orders[3], orders[0]);
+        let empty: [u8; 0] = [];
+        assert_eq!(rotated(&empty, 3).count(), 0);
+    }
 }

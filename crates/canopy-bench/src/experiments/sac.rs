@@ -375,7 +375,7 @@ pub fn run(common: &Common, opts: &SacOptions) -> Result<Finished> {
             let cfg = config_label(x, t);
             let expected = expected_checksum(x as u64, n as u64, iters as u64);
             for rep in 0..reps {
-                for v in &variants {
+                for v in super::rotated(&variants, rep) {
                     pb.set_message(format!("X={x} T={t} {} ({}/{reps})", v.label, rep + 1));
                     let inv = v.invocation(x, n, iters, t, common.timeout);
                     let mut rec = measure(&inv, &cfg, &v.label, &v.contender, rep);
@@ -400,7 +400,7 @@ pub fn run(common: &Common, opts: &SacOptions) -> Result<Finished> {
         "# SAC with-loop microbenchmark (paper 000, Figs. 1, 5, 6)\n\n\
          Grelck & Scholz's kernel: a vector A of N/X elements, {iters} iterations; every element allocates, fills, sums and \
          frees a temporary int vector of length X, so N·iterations additions are done for every X while the number of \
-         malloc/free pairs grows as X shrinks. Size `{}`: N = {n}, {iters} iterations, median of {reps} interleaved runs.\n\n",
+         malloc/free pairs grows as X shrinks. Size `{}`: N = {n}, {iters} iterations, median of {reps} interleaved runs, the order turned by one variant each run.\n\n",
         common.size.name()
     );
     markdown.push_str(&machine_markdown(&machine));

@@ -274,7 +274,7 @@ pub fn run(common: &Common, opts: &WorkloadOptions) -> Result<Finished> {
     for w in &selected {
         let mut mine = Vec::new();
         for rep in 0..reps {
-            for c in contenders {
+            for c in super::rotated(contenders, rep) {
                 pb.set_message(format!("{} on {} ({}/{reps})", w.name, c.name, rep + 1));
                 let args = vec![w.name.to_string(), threads.to_string(), sc.to_string()];
                 let inv = Invocation::new(prog.clone(), args, c, common.timeout);
@@ -318,7 +318,7 @@ pub fn run(common: &Common, opts: &WorkloadOptions) -> Result<Finished> {
 
     let mut markdown = format!(
         "# General allocation workloads\n\n\
-         `c/workloads.c` on every allocator: {threads} threads, scale {sc} (size `{}`), median of {reps} interleaved runs. \
+         `c/workloads.c` on every allocator: {threads} threads, scale {sc} (size `{}`), median of {reps} interleaved runs, the order turned by one contender each run. \
          Time is measured inside the program; peak RSS is the program's VmHWM (the JSON also has `ru_maxrss` from `wait4`, \
          which on Linux includes the harness's own size at fork). \
          \"Best anchor\" is the fastest (or smallest) allocator other than Canopy for that workload.\n\n",
