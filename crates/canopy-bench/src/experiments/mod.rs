@@ -86,9 +86,9 @@ pub fn measure(
 
 /// The items of `v` starting at `rep % len` and wrapping around: the order
 /// of repetition `rep`.  (With a fixed order, Canopy ran right after glibc in
-/// every run of `workloads`, whose cache-scratch takes glibc 0.15-0.2 s of
-/// false sharing, and measured 1.15x jemalloc there, against 1.03x in 15
-/// interleaved runs of the two alone.)
+/// every run of `workloads` and `sac`, so whatever glibc's runs left behind,
+/// such as the 0.15-0.2 s of false sharing of its cache-scratch, fell on
+/// Canopy's alone.)
 pub fn rotated<T>(v: &[T], rep: usize) -> impl Iterator<Item = &T> {
     let n = v.len();
     (0..n).map(move |j| &v[(j + rep) % n])
