@@ -144,6 +144,19 @@ fn region_speed_runs_every_contender_in_child_processes() {
     let rounds = json["summary"]["rounds"].as_array().unwrap();
     let at_300 = rounds.iter().filter(|r| r["n"] == 300).count();
     assert!(at_300 >= 6 * 4 + 2 * 3, "{at_300} rounds at 300 objects");
+    // Instruction counts: one per contender and size when valgrind is
+    // installed (the region allocator's loop executes at least the loop's
+    // own work, a dozen instructions), else a reason.
+    let ir = &json["summary"]["instructions"];
+    let valgrind = ["/usr/bin/valgrind", "/usr/local/bin/valgrind"].iter().any(|p| std::path::Path::new(p).exists());
+    if valgrind {
+        let cells = ir["cells"].as_array().unwrap();
+        assert_eq!(cells.len(), 6 * 4 + 2 * 3, "{ir}");
+        assert!(cells.iter().all(|c| c["per_object"].as_f64().unwrap() > 10.0), "{ir}");
+        assert!(md.contains("## Instructions per allocation (callgrind"), "{md}");
+    } else {
+        assert!(ir["skipped"].as_str().unwrap().contains("valgrind"), "{ir}");
+    }
     // The child refuses what does not exist, naming it.
     let out = canopy()
         .args(["bench", "region-speed-child", "--contender", "hoard", "--config", "0", "--n", "300", "--max-n", "1000", "--seed", "1"])
