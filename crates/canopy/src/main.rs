@@ -417,7 +417,7 @@ struct WorkloadArgs {
     /// Threads for the multi-threaded workloads [default: number of CPUs, at least 2]
     #[arg(long)]
     threads: Option<usize>,
-    /// Runs per workload; the median is reported [default: 3 quick, 5 otherwise]
+    /// Runs per workload; the median is reported [default: 3 quick, 11 otherwise]
     #[arg(long)]
     runs: Option<usize>,
     /// Workloads to run, comma-separated [default: all]
