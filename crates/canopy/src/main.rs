@@ -452,7 +452,7 @@ struct RegionFragArgs {
 struct RegionSpeedArgs {
     #[command(flatten)]
     size: SizeArgs,
-    /// Rounds per configuration (more for small counts); the median is reported [default: 3 quick, 5 otherwise]
+    /// Child processes per contender and configuration (more rounds each for small counts); the median is reported [default: 3 quick, 9 otherwise]
     #[arg(long)]
     runs: Option<usize>,
     /// Objects per size in the throughput tables [default: 100000 quick, 1000000 otherwise]
