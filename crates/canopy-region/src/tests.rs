@@ -1160,3 +1160,42 @@ mod model {
         }
     }
 }
+
+#[test]
+fn the_allocation_and_free_counters_count_every_object_once_by_every_path() {
+    let mut ra = RegionAllocator::new();
+    let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+    let before = ra.stats();
+    // Through `in_region`: the fast path and its refills (several slabs of
+    // each of three slot sizes), and a spanning object.
+    let mut inr = ra.in_region(r).unwrap();
+    let mut ps = Vec::new();
+    for i in 0..3000 {
+        ps.push(inr.alloc([16, 64, 192][i % 3]).unwrap());
+    }
+    ps.push(inr.alloc(3 * 4096 + 5).unwrap());
+    assert_eq!(inr.allocator().stats().allocs - before.allocs, 3001);
+    // By id, many at once, and spanning.
+    for _ in 0..500 {
+        ps.push(ra.alloc(48, r).unwrap());
+    }
+    ps.extend(ra.balloc(96, r, 700).unwrap());
+    ps.push(ra.alloc(9000, r).unwrap());
+    let st = ra.stats();
+    assert_eq!(st.allocs - before.allocs, 3001 + 500 + 700 + 1);
+    assert_eq!(st.frees, before.frees);
+    // Frees one by one count once each; a refused double free not at all.
+    for p in ps.drain(..1000) {
+        ra.free(p).unwrap();
+    }
+    let p = ps.pop().unwrap();
+    ra.free(p).unwrap();
+    assert!(ra.free(p).is_err());
+    let st = ra.stats();
+    assert_eq!(st.frees - before.frees, 1001);
+    assert_eq!(ra.region_stats(r).unwrap().objects, (3001 + 500 + 700 + 1 - 1001) as u64);
+    // Freeing the region frees the rest without counting them one by one.
+    ra.rfree(r).unwrap();
+    assert_eq!(ra.stats().frees - before.frees, 1001);
+    assert_eq!(ra.stats().allocs - before.allocs, 4202);
+}
