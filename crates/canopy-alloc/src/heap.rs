@@ -179,8 +179,10 @@ pub(crate) struct Published {
     pub counters: [AtomicU64; COUNTERS],
     /// Pages (small + medium) the heap holds.
     pub pages: AtomicU64,
-    /// Small allocations.
+    /// Small allocations (the program's: batch blocks are not counted).
     pub small_allocs: AtomicU64,
+    /// Bytes of the batch blocks this heap made and still has (metadata).
+    pub batch_bytes: AtomicU64,
 }
 
 /// Number of per-heap counters.
@@ -233,6 +235,12 @@ pub struct Heap {
     /// Small allocations, but for those the cursors count and have not
     /// settled yet (owner-only).
     pub(crate) allocs: u64,
+    /// Batch blocks this heap ever made, and those it still has (in its
+    /// slots, in flight, or handed back): small blocks of its own, which the
+    /// statistics count as metadata, not as the program's allocations or
+    /// blocks in use (owner-only).
+    pub(crate) batches_made: u64,
+    pub(crate) batches_live: u64,
     /// Thread id of the owner, 0 while abandoned.
     pub(crate) tid: usize,
     /// Slow-path view of the current slab per class.
@@ -330,6 +338,8 @@ impl Heap {
             direct: [&EMPTY_CURSOR.0 as *const Cursor as *mut Cursor; DIRECT_LEN],
             cursors: [const { Cursor::empty() }; SMALL_CLASSES],
             allocs: 0,
+            batches_made: 0,
+            batches_live: 0,
             tid: 0,
             cur: [e; SMALL_CLASSES],
             avail: [ptr::null_mut(); SMALL_CLASSES],
@@ -351,7 +361,7 @@ impl Heap {
                 large_allocs: 0,
             },
             seen_epoch: 0,
-            published: Published { blocks: [ZERO; NUM_CLASSES], slabs: [ZERO; SMALL_CLASSES], counters: [ZERO; COUNTERS], pages: ZERO, small_allocs: ZERO },
+            published: Published { blocks: [ZERO; NUM_CLASSES], slabs: [ZERO; SMALL_CLASSES], counters: [ZERO; COUNTERS], pages: ZERO, small_allocs: ZERO, batch_bytes: ZERO },
             inbox: CachePadded::new(MpscQueue::new()),
             spares: CachePadded::new(MpscQueue::new()),
             inbox_broken: false,
@@ -792,6 +802,8 @@ impl Heap {
                 if b.is_null() {
                     return b;
                 }
+                self.batches_made += 1;
+                self.batches_live += 1;
                 (*b).tag = arena::batch_tag();
             }
             debug_assert_eq!((*b).tag, arena::batch_tag(), "a spare batch lost its tag");
@@ -834,6 +846,7 @@ impl Heap {
                     debug_assert_eq!(s.count, 0, "release_batches after flush_remote");
                     self.remote[i] = EMPTY_SLOT;
                     self.free_own_block(s.batch as *mut u8);
+                    self.batches_live -= 1;
                 }
             }
             loop {
@@ -842,6 +855,7 @@ impl Heap {
                     break;
                 }
                 self.free_own_block(b as *mut u8);
+                self.batches_live -= 1;
             }
         }
     }
@@ -1033,6 +1047,11 @@ impl Heap {
             self.published.blocks[c].store(blocks, Ordering::Relaxed);
             self.published.slabs[c].store(slabs, Ordering::Relaxed);
         }
+        // Batch blocks are the allocator's own: metadata, not blocks in use.
+        let (_, bc) = batch_shape();
+        let b = &self.published.blocks[bc];
+        b.store(b.load(Ordering::Relaxed).saturating_sub(self.batches_live), Ordering::Relaxed);
+        self.published.batch_bytes.store(self.batches_live * SHAPES[bc].size as u64, Ordering::Relaxed);
         let medium = self.medium.live_per_class();
         for (i, v) in medium.iter().enumerate() {
             self.published.blocks[SMALL_CLASSES + i].store(*v, Ordering::Relaxed);
@@ -1042,7 +1061,7 @@ impl Heap {
             self.published.counters[i].store(*v, Ordering::Relaxed);
         }
         let unsettled: u64 = self.cursors.iter().map(|k| k.taken as u64).sum();
-        self.published.small_allocs.store(self.allocs + unsettled, Ordering::Relaxed);
+        self.published.small_allocs.store((self.allocs + unsettled).saturating_sub(self.batches_made), Ordering::Relaxed);
         self.published.pages.store((self.small_pages + self.medium.pages) as u64, Ordering::Relaxed);
     }
 

@@ -49,7 +49,8 @@ pub struct Stats {
     pub committed_bytes: u64,
     /// Resident set of the whole process, if known.
     pub resident_bytes: Option<u64>,
-    /// Metadata (descriptor table pages in use are not counted; heap structures are).
+    /// Metadata (descriptor table pages in use are not counted; heap
+    /// structures and the batch blocks remote frees travel in are).
     pub metadata_bytes: u64,
     /// Bytes in live blocks (small + medium + large).
     pub in_use_bytes: u64,
@@ -185,6 +186,7 @@ pub fn snapshot() -> Stats {
         return s;
     }
     ask_publish();
+    let mut batch_bytes = 0;
     for_each_heap(|h| {
         for c in 0..NUM_CLASSES {
             let blocks = h.published.blocks[c].load(Ordering::Relaxed);
@@ -200,6 +202,7 @@ pub fn snapshot() -> Stats {
         s.remote_batches += k(2);
         s.remote_frees_received += k(3);
         s.coalescings += k(4);
+        batch_bytes += h.published.batch_bytes.load(Ordering::Relaxed);
         let _ = h.tid == DEAD_TID;
     });
     let direct = crate::heap::DIRECT_REMOTE_FREES.load(Ordering::Relaxed);
@@ -215,7 +218,7 @@ pub fn snapshot() -> Stats {
     s.reserved_bytes = (arena::arena_units() * UNIT) as u64;
     s.committed_bytes = committed as u64;
     s.resident_bytes = canopy_sys::resident_bytes().map(|v| v as u64);
-    s.metadata_bytes = crate::meta::used() as u64;
+    s.metadata_bytes = crate::meta::used() as u64 + batch_bytes;
     s.large_allocs = g.large_allocs;
     s.large_frees = g.large_frees;
     s.large_bytes = g.large_bytes;

@@ -811,6 +811,47 @@ fn remote_frees_travel_in_batches_that_go_back_to_their_maker() {
 }
 
 #[test]
+fn batch_blocks_are_metadata_not_the_programs_allocations_or_blocks_in_use() {
+    let _g = shared();
+    let (cap, bc) = crate::heap::batch_shape_for_tests();
+    let n = 5 * cap + 1;
+    let blocks: Vec<usize> = (0..n).map(|_| alloc(64) as usize).collect();
+    let (made, allocs, batch_blocks, batch_bytes) = on_thread_with_heap(move || {
+        let h = tls_heap();
+        // SAFETY: our own heap, published and read by its owner.
+        let published = || unsafe {
+            (*h).publish();
+            let p = &(*h).published;
+            (
+                p.small_allocs.load(core::sync::atomic::Ordering::Relaxed),
+                p.blocks[bc].load(core::sync::atomic::Ordering::Relaxed),
+                p.batch_bytes.load(core::sync::atomic::Ordering::Relaxed),
+            )
+        };
+        let made0 = unsafe { (*h).batches_made };
+        let (a0, b0, _) = published();
+        for p in blocks {
+            unsafe { free(p as *mut u8) };
+        }
+        let (a1, b1, bytes) = published();
+        let made = unsafe { (*h).batches_made } - made0;
+        (made, a1 - a0, b1 as i64 - b0 as i64, (bytes, made))
+    });
+    // Five full batches went out (they may have reused spares of an adopted
+    // heap, which were made before) and none counted as the program's.
+    assert!(made <= 6, "{made} batch blocks for {n} frees");
+    assert_eq!(allocs, 0, "batch blocks counted as allocations");
+    assert_eq!(batch_blocks, 0, "batch blocks counted as blocks in use");
+    let (bytes, _) = batch_bytes;
+    assert_eq!(bytes % crate::heap::SHAPES[bc].size as u64, 0);
+    if made > 0 {
+        assert!(bytes >= made * crate::heap::SHAPES[bc].size as u64, "batch blocks are metadata: {bytes} bytes");
+    }
+    collect();
+    check_invariants().unwrap();
+}
+
+#[test]
 fn a_block_freed_by_its_owner_while_in_a_batch_is_dropped_and_the_inbox_stays_whole() {
     let _g = serial();
     if options().check {
