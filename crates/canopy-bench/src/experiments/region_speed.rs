@@ -270,6 +270,8 @@ pub struct SpeedSummary {
     pub rounds: Vec<Round>,
     /// Instructions per allocation (callgrind).
     pub instructions: Instructions,
+    /// The region paths' instruction counts against malloc's.
+    pub instruction_comparisons: Vec<IrComparison>,
 }
 
 /// The shared object that defines the `malloc` this process calls.
@@ -776,8 +778,7 @@ pub fn run(common: &RegionCommon, opts: &SpeedOptions) -> Result<Finished> {
         (_, false) => Instructions { skipped: Some("not asked for".into()), ..Default::default() },
     };
     let cells = summarize(&rounds, &cfgs);
-    let mut targets = targets(&cells, n);
-    targets.extend(ir_targets(&instructions));
+    let targets = targets(&cells, n);
     let markdown = markdown(
         &cells,
         &targets,
@@ -804,7 +805,16 @@ pub fn run(common: &RegionCommon, opts: &SpeedOptions) -> Result<Finished> {
         machine,
         contenders: Vec::new(),
         skipped: Vec::new(),
-        summary: SpeedSummary { n, sweep, malloc_library: lib, cells, targets, rounds, instructions },
+        summary: SpeedSummary {
+            n,
+            sweep,
+            malloc_library: lib,
+            cells,
+            targets,
+            rounds,
+            instruction_comparisons: ir_comparisons(&instructions),
+            instructions,
+        },
         runs: Vec::new(),
         failures: failures.clone(),
     };
@@ -1159,44 +1169,55 @@ pub fn targets(cells: &[Cell], n: usize) -> Vec<Target> {
     out
 }
 
-/// The allocation target by instruction count: `region` and
-/// `region-by-id` against `canopy`, every size.
-pub fn ir_targets(ir: &Instructions) -> Vec<Target> {
+/// Instructions per allocation of a region path against Canopy's malloc,
+/// every size: `region` and `region-by-id`.  Not one of the issue's
+/// targets, which asks for time: the counts show the work each path does,
+/// repeatably (the region does more at some sizes and still runs faster,
+/// see the README).
+#[derive(Debug, Clone, Serialize)]
+pub struct IrComparison {
+    /// The region contender.
+    pub contender: String,
+    /// Per size: (label, region's count, malloc's count); `None` where
+    /// either was not counted.
+    pub sizes: Vec<(String, Option<f64>, Option<f64>)>,
+}
+
+impl IrComparison {
+    /// At most malloc's count at every size (false if any is missing).
+    pub fn at_most_malloc_everywhere(&self) -> bool {
+        self.sizes.iter().all(|(_, r, c)| matches!((r, c), (Some(r), Some(c)) if r <= c))
+    }
+
+    /// One line: `16 B: 33.0 vs 34.0 (0.97x); ...`.
+    pub fn describe(&self) -> String {
+        let parts: Vec<String> = self
+            .sizes
+            .iter()
+            .map(|(l, r, c)| match (r, c) {
+                (Some(r), Some(c)) => format!("{l}: {r:.1} vs {c:.1} ({:.2}x)", r / c),
+                _ => format!("{l}: not counted"),
+            })
+            .collect();
+        parts.join("; ")
+    }
+}
+
+/// The instruction comparisons of a run (none when nothing was counted).
+pub fn ir_comparisons(ir: &Instructions) -> Vec<IrComparison> {
+    if ir.skipped.is_some() {
+        return Vec::new();
+    }
     let mut labels: Vec<String> = FIXED.iter().map(|s| Sizes::Fixed(*s).label()).collect();
     labels.push(Sizes::Mixed(Vec::new()).label());
     let get = |l: &str, who: &str| ir.cells.iter().find(|c| c.sizes == l && c.contender == who).map(|c| c.per_object);
-    let mut out = Vec::new();
-    for (who, what) in [("region", "`in_region`"), ("region-by-id", "`alloc(size, id)`")] {
-        let target = format!(
-            "instructions per allocation in a region ({what}) at most Canopy's malloc's (callgrind, {} objects; a stricter, \
-             repeatable reading of the time target above)",
-            fmt_count(ir.n.max(1))
-        );
-        if let Some(why) = &ir.skipped {
-            out.push(Target { target, measured: format!("not counted: {why}"), met: None });
-            continue;
-        }
-        let mut all = true;
-        let mut parts = Vec::new();
-        for l in &labels {
-            match (get(l, who), get(l, "canopy")) {
-                (Some(r), Some(c)) => {
-                    all &= r <= c;
-                    parts.push(format!("{l}: {r:.1} vs {c:.1} ({:.2}x)", r / c));
-                }
-                _ => {
-                    all = false;
-                    parts.push(format!("{l}: not counted"));
-                }
-            }
-        }
-        out.push(Target {
-            target,
-            measured: format!("instructions per allocation, {who} vs canopy: {}", parts.join("; ")),
-            met: Some(all),
-        });
-    }
-    out
+    ["region", "region-by-id"]
+        .into_iter()
+        .map(|who| IrComparison {
+            contender: who.into(),
+            sizes: labels.iter().map(|l| (l.clone(), get(l, who), get(l, "canopy"))).collect(),
+        })
+        .collect()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1299,6 +1320,19 @@ fn markdown(
                 })));
             }
             md.push_str(&t.render());
+            md.push_str(
+                "\nAgainst Canopy's malloc (not one of the issue's targets, which asks for time; the region may do \
+                 more work per object and still run faster):\n\n",
+            );
+            for c in ir_comparisons(ir) {
+                let _ = writeln!(
+                    md,
+                    "- {} vs canopy: {} ({})",
+                    c.contender,
+                    c.describe(),
+                    if c.at_most_malloc_everywhere() { "at most malloc's at every size" } else { "more than malloc's at some size" }
+                );
+            }
         }
     }
     let l = Sizes::Fixed(SWEEP_SIZE).label();
@@ -1602,7 +1636,7 @@ mod tests {
     }
 
     #[test]
-    fn the_instruction_rows_compare_each_size_with_malloc_and_say_why_when_nothing_was_counted() {
+    fn the_instruction_comparisons_cover_each_size_and_are_empty_when_nothing_was_counted() {
         let labels = ["16 B", "64 B", "192 B", "mixed 16-256 B"];
         let cells = |region: f64| -> Vec<IrCell> {
             labels
@@ -1614,20 +1648,24 @@ mod tests {
                 .collect()
         };
         let ir = Instructions { n: 1000, cells: cells(33.0), skipped: None };
-        let t = ir_targets(&ir);
-        assert_eq!(t.len(), 2);
-        assert_eq!(t[0].met, Some(true), "{}", t[0].measured);
-        assert_eq!(t[1].met, Some(false), "{}", t[1].measured);
-        assert!(t[0].measured.contains("192 B: 33.0 vs 34.0 (0.97x)"), "{}", t[0].measured);
-        // A size not counted is not a pass.
+        let c = ir_comparisons(&ir);
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[0].contender.as_str(), c[1].contender.as_str()), ("region", "region-by-id"));
+        assert!(c[0].at_most_malloc_everywhere(), "{}", c[0].describe());
+        assert!(!c[1].at_most_malloc_everywhere(), "{}", c[1].describe());
+        assert!(c[0].describe().contains("192 B: 33.0 vs 34.0 (0.97x)"), "{}", c[0].describe());
+        // A size not counted is not "at most".
         let mut partial = Instructions { n: 1000, cells: cells(33.0), skipped: None };
         partial.cells.retain(|c| !(c.sizes == "64 B" && c.contender == "canopy"));
-        let t = ir_targets(&partial);
-        assert_eq!(t[0].met, Some(false));
-        assert!(t[0].measured.contains("64 B: not counted"));
+        let c = ir_comparisons(&partial);
+        assert!(!c[0].at_most_malloc_everywhere());
+        assert!(c[0].describe().contains("64 B: not counted"));
         let none = Instructions { n: 0, cells: Vec::new(), skipped: Some("valgrind not found".into()) };
-        let t = ir_targets(&none);
-        assert!(t.iter().all(|x| x.met.is_none() && x.measured.contains("valgrind not found")));
+        assert!(ir_comparisons(&none).is_empty());
+        // The targets table is the issue's (time) alone.
+        let md = markdown(&[], &[], 1000, &[], "libc", 3, Size::Quick, &Machine::describe(), &[], true, &ir);
+        assert!(md.contains("- region vs canopy: 16 B: 33.0 vs 34.0"), "{md}");
+        assert!(!md.contains("instructions per allocation in a region"), "{md}");
     }
 
     #[test]
