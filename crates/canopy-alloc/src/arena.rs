@@ -194,8 +194,17 @@ const BITMAP_SKEW: usize = 256;
 const _: () = assert!(MAX_UNITS * BITMAP_STRIDE + BITMAP_SKEW <= (1 << 30) + TABLE_SKEW);
 const _: () = assert!(BITMAP_STRIDE == 64 * 8); // the free fast path indexes words as `idx * 64 + w`
 
-/// Base address of the arena (0 until initialised).
-pub(crate) static ARENA_BASE: AtomicUsize = AtomicUsize::new(0);
+/// What [`ARENA_BASE`] holds until the arena is reserved: the base of a
+/// would-be arena at the very top of the address space (kernel addresses, no
+/// program's pointer), so that `p - base` of every pointer a program can
+/// pass, null included, is at least `MAX_UNITS` units and the fast paths'
+/// one range check sends it to the slow path.  (With 0 there, a `free(NULL)`
+/// made before the first allocation, as `sort` makes in `setlocale`, was in
+/// range and read a descriptor below address 0.)
+pub const UNINIT_BASE: usize = 0usize.wrapping_sub(MAX_UNITS << UNIT_SHIFT);
+
+/// Base address of the arena ([`UNINIT_BASE`] until initialised).
+pub(crate) static ARENA_BASE: AtomicUsize = AtomicUsize::new(UNINIT_BASE);
 /// Units reserved in the arena.
 pub(crate) static ARENA_UNITS: AtomicUsize = AtomicUsize::new(0);
 /// The descriptor table sits this many bytes below the arena base, so one
@@ -227,7 +236,14 @@ pub fn arena_base() -> usize {
     ARENA_BASE.load(Ordering::Relaxed)
 }
 
-/// Unit index of `p`, or a value `>= MAX_UNITS` if `p` is not in the arena.
+/// Whether the arena has been reserved.
+#[inline]
+pub fn arena_initialised() -> bool {
+    arena_base() != UNINIT_BASE
+}
+
+/// Unit index of `p`, or a value `>= MAX_UNITS` if `p` is not in the arena
+/// (every `p`, null included, before the arena is reserved).
 #[inline(always)]
 pub fn unit_index(p: usize) -> usize {
     p.wrapping_sub(arena_base()) >> UNIT_SHIFT

@@ -82,7 +82,7 @@ pub fn lend_pages(pages: usize, align_pages: usize) -> Option<NonNull<u8>> {
 pub unsafe fn return_pages(p: NonNull<u8>, pages: usize) -> Result<(), LendError> {
     let addr = p.as_ptr() as usize;
     let base = arena::arena_base();
-    if base == 0 || addr < base || addr & (PAGE - 1) != 0 {
+    if !arena::arena_initialised() || addr < base || addr & (PAGE - 1) != 0 {
         return Err(LendError::NotLent(addr));
     }
     let idx = arena::unit_index(addr);

@@ -616,7 +616,7 @@ unsafe fn free_slow(p: *mut u8, call: &'static str, expected: usize) {
         }
     }
     let idx = unit_index(p as usize);
-    if arena::arena_base() == 0 || idx >= arena::arena_units() {
+    if !arena::arena_initialised() || idx >= arena::arena_units() {
         report::bad_free(call, p, BadFree::Foreign, 0, None);
         return;
     }
@@ -787,7 +787,7 @@ unsafe fn free_large(d: *mut Desc, p: *mut u8, call: &'static str) {
 /// `p` is null or was returned by this allocator.
 unsafe fn usable_size_checked(p: *mut u8, call: &'static str) -> Option<usize> {
     let idx = unit_index(p as usize);
-    if arena::arena_base() == 0 || idx >= arena::arena_units() {
+    if !arena::arena_initialised() || idx >= arena::arena_units() {
         report::bad_free(call, p, BadFree::Foreign, 0, None);
         return None;
     }

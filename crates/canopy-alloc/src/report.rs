@@ -111,7 +111,16 @@ pub(crate) fn bad_free(call: &str, p: *const u8, what: BadFree, block_size: usiz
         }
         b.str(")");
     }
-    finish(&mut b, n, "; the free was refused\n");
+    finish(&mut b, n, consequence(call));
+}
+
+/// What the program gets in the default mode, for the message's tail.
+fn consequence(call: &str) -> &'static str {
+    match call {
+        "malloc_usable_size" => "; the call was refused and returned 0\n",
+        "realloc" => "; the call was refused and returned NULL, nothing freed\n",
+        _ => "; the free was refused\n",
+    }
 }
 
 /// End a report: abort in check mode; otherwise print it (the first few, or

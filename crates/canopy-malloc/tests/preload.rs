@@ -196,6 +196,13 @@ fn edge_case(case: &str) {
     }
 }
 
+/// Frees of null before the first allocation do nothing (the arena's base
+/// was 0 then, and a null pointer passed the fast path's range check).
+#[test]
+fn edge_null_freed_before_the_first_allocation() {
+    edge_case("null-first");
+}
+
 /// Alignments above the arena's 1 GiB are refused with ENOMEM, not met
 /// relative to the arena base (which left the block misaligned).
 #[test]
@@ -509,5 +516,98 @@ public class Churn {
             assert_eq!(&got, e, "java: the two modes disagree");
         }
         expect = Some(got);
+    }
+}
+
+/// Deterministic text: `n` lines of pseudo-random words (xorshift), so the
+/// tools below have something to compress and sort with many distinct lines.
+fn text_lines(n: usize, seed: u64) -> Vec<String> {
+    let mut x = seed | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    (0..n)
+        .map(|_| {
+            let words = 1 + next() % 12;
+            (0..words).map(|_| format!("{:x}", next() % (1 << (4 + next() % 40)))).collect::<Vec<_>>().join(" ")
+        })
+        .collect()
+}
+
+#[test]
+fn xz_with_two_threads_round_trips() {
+    if !have("xz", "--version") {
+        return;
+    }
+    // xz -T2 hands blocks between its threads: buffers allocated by one
+    // are freed by another.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("canopy-xz-test");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("in.txt");
+    let data = text_lines(200_000 * scale(), 0x7a).join("\n");
+    std::fs::write(&src, &data).unwrap();
+    for check in [false, true] {
+        let packed = run(Command::new("xz").args(["-T2", "--block-size=1MiB", "-3", "-c"]).arg(&src), check);
+        assert!(packed.status.success(), "xz -T2 (check={check}): {}", text(&packed.stderr));
+        let xz_file = dir.join("in.txt.xz");
+        std::fs::write(&xz_file, &packed.stdout).unwrap();
+        let unpacked = run(Command::new("xz").args(["-T2", "-d", "-c"]).arg(&xz_file), check);
+        assert!(unpacked.status.success(), "xz -T2 -d (check={check}): {}", text(&unpacked.stderr));
+        assert!(unpacked.stdout == data.as_bytes(), "xz round trip (check={check}) changed the data");
+    }
+}
+
+#[test]
+fn parallel_sort_matches_a_sort_in_rust() {
+    if !have("sort", "--version") {
+        return;
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("canopy-sort-test");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("in.txt");
+    let mut lines = text_lines(150_000 * scale(), 0x50);
+    std::fs::write(&src, lines.join("\n") + "\n").unwrap();
+    lines.sort();
+    let want = lines.join("\n") + "\n";
+    for check in [false, true] {
+        // A small buffer makes sort spill and merge; LC_ALL=C orders bytes
+        // as Rust's sort does.
+        let out = run(
+            Command::new("sort").args(["--parallel=2", "-S", "2M", "-T"]).arg(&dir).arg(&src).env("LC_ALL", "C"),
+            check,
+        );
+        assert!(out.status.success(), "sort (check={check}): {}", text(&out.stderr));
+        assert!(out.stdout == want.as_bytes(), "sort --parallel=2 (check={check}) gave a different order");
+    }
+}
+
+#[test]
+fn sqlite_builds_an_index_and_aggregates() {
+    if !have("sqlite3", "--version") {
+        return;
+    }
+    let n = 100_000 * scale() as u64;
+    let sql = format!(
+        "create table t(k integer primary key, g integer, s text);
+         with recursive c(x) as (select 1 union all select x + 1 from c where x < {n})
+         insert into t select x, x % 97, printf('%08d-%x', x, x * 2654435761 % 4294967296) from c;
+         create index tg on t(g, s);
+         delete from t where k % 5 = 0;
+         select count(*), sum(length(s)), count(distinct g) from t;
+         select g, count(*) from t where g in (3, 50) group by g order by g;"
+    );
+    // The same figures computed here.
+    let kept: Vec<u64> = (1..=n).filter(|k| k % 5 != 0).collect();
+    let len = |x: u64| 9 + format!("{:x}", x * 2654435761 % 4294967296).len() as u64;
+    let total: u64 = kept.iter().map(|&k| len(k)).sum();
+    let in_group = |g: u64| kept.iter().filter(|&&k| k % 97 == g).count();
+    let want = format!("{}|{}|97\n3|{}\n50|{}\n", kept.len(), total, in_group(3), in_group(50));
+    for check in [false, true] {
+        let out = run(Command::new("sqlite3").arg(":memory:").arg(&sql), check);
+        assert!(out.status.success(), "sqlite3 (check={check}): {}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), want, "sqlite3 (check={check})");
     }
 }

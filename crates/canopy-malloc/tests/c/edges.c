@@ -108,9 +108,28 @@ static void region_balloc_huge_count(void) {
     CHECK(canopy_rfree(r) == 0);
 }
 
+/* The program's first calls into the allocator are frees and size queries
+ * of null, before anything was allocated (`sort` frees null in `setlocale`
+ * before its first malloc): nothing happens, and allocation works after. */
+static void *volatile null_ptr; /* not a constant: the compiler drops free(NULL) */
+
+static void null_before_the_first_allocation(void) {
+    free(null_ptr);
+    free(null_ptr);
+    CHECK(malloc_usable_size(null_ptr) == 0);
+    void *p = realloc(null_ptr, 40);
+    CHECK(p != NULL);
+    memset(p, 7, 40);
+    CHECK(malloc_usable_size(p) >= 40);
+    free(p);
+}
+
 int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "";
-    if (strcmp(what, "huge-alignment") == 0) {
+    if (strcmp(what, "null-first") == 0) {
+        /* First, before anything else in the program allocates. */
+        null_before_the_first_allocation();
+    } else if (strcmp(what, "huge-alignment") == 0) {
         huge_alignment();
     } else if (strcmp(what, "region-realloc-huge") == 0) {
         region_realloc_huge();
