@@ -689,8 +689,9 @@ impl Heap {
     }
 
     /// After a local free: a full slab becomes available again; an empty
-    /// slab goes back to the free units (the current slab never gets here
-    /// empty: it carries a bias of one in `used`).
+    /// slab goes back to the free units unless it is the class's only slab
+    /// with room (the current slab never gets here empty: it carries a bias
+    /// of one in `used`).
     #[cold]
     pub(crate) unsafe fn free_small_post(&mut self, d: *mut Desc, _p: *mut u8) {
         // SAFETY: d is a slab of this heap (owner thread).
@@ -708,9 +709,20 @@ impl Heap {
             // The current slab's `used` may reach 0 while its cursor holds
             // blocks not yet added (see `settle`); with them it never does
             // (it carries a bias of one).
+            // An empty slab goes back to the free units, unless it is the
+            // class's last slab with room (no current slab, nothing else on
+            // `avail`): that one stays for the class's next allocation.  A
+            // unit released and taken again by another class is touched by
+            // every class it ever held, so a heap that empties and refills
+            // its classes (a thread adopting the heap of one that ended)
+            // spread them over ever more resident pages (thread churn: half
+            // of every slab resident, for a few kilobytes in use in each).
             if (*d).used == 0 && self.cur[c] != d {
-                Heap::list_remove(&mut self.avail[c], d);
-                self.release_slab(d);
+                let last = self.cur[c] == empty_desc() && (*d).next.is_null() && self.avail[c] == d;
+                if !last {
+                    Heap::list_remove(&mut self.avail[c], d);
+                    self.release_slab(d);
+                }
             }
             debug_assert!(self.cur[c] != d || self.used_of(c, d) > 0, "the current slab lost its bias");
         }
@@ -1166,20 +1178,27 @@ impl Heap {
     /// The heap is abandoned and the caller owns it now.
     pub(crate) unsafe fn adopt(&mut self, tid: usize) {
         self.tid = tid;
-        if crate::options().check {
-            return;
-        }
-        // Full slabs keep owner 0 (see `make_full`).
-        for c in 0..SMALL_CLASSES {
-            let mut s = self.avail[c];
-            while !s.is_null() {
-                // SAFETY: slabs of this heap, which we now own.
-                unsafe {
-                    (*s).owner.store(tid, Ordering::Relaxed);
-                    s = (*s).next;
+        if !crate::options().check {
+            // Full slabs keep owner 0 (see `make_full`).
+            for c in 0..SMALL_CLASSES {
+                let mut s = self.avail[c];
+                while !s.is_null() {
+                    // SAFETY: slabs of this heap, which we now own.
+                    unsafe {
+                        (*s).owner.store(tid, Ordering::Relaxed);
+                        s = (*s).next;
+                    }
                 }
             }
         }
+        // Take in the frees sent while the heap had no thread (a thread's
+        // blocks freed by whoever joined it), so that the new owner reuses
+        // those slots first instead of filling its slabs past them: without
+        // it, a program that starts thread after thread, each handing some
+        // blocks back to its parent, spread every slab's live blocks over
+        // ever more pages (thread churn peaked at half of each slab resident).
+        // SAFETY: the caller owns the heap now.
+        unsafe { self.drain_inbox() };
     }
 
     /// Check this heap's invariants (owner thread; debug builds and tests).

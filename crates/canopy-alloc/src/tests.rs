@@ -244,6 +244,54 @@ fn heaps_of_exited_threads_are_adopted() {
     assert!(after.heaps_created - before.heaps_created < 20, "heaps are reused, not created per thread");
 }
 
+/// Thread churn: each thread allocates blocks of two classes in a heap it
+/// adopted, frees most of them and hands the rest to the parent, which frees
+/// them after the join (into the abandoned heap).  The next thread's heap
+/// takes those frees in and allocates from the same slabs again: a slab's
+/// unit keeps its class instead of going back to the free units and being
+/// taken by the other class, which had left every unit touched by every
+/// class it ever held.
+#[test]
+fn a_class_keeps_its_slab_when_threads_come_and_go() {
+    let _g = serial();
+    if options().check {
+        return; // check mode keeps every slab off the fast path; not this policy's concern
+    }
+    let unit_of = |p: usize| p >> UNIT_SHIFT;
+    let mut class_of_unit: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
+    let (a, b) = (200usize, 480usize);
+    for round in 0..60 {
+        let (handed, seen) = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            let mut handed = Vec::new();
+            for size in [a, b] {
+                let ps: Vec<usize> = (0..48).map(|_| alloc(size) as usize).collect();
+                for (i, &p) in ps.iter().enumerate() {
+                    fill(p as *mut u8, size, i as u8);
+                    seen.push((unit_of(p), size));
+                    if i % 4 == 3 {
+                        handed.push((p, size, i as u8));
+                    } else {
+                        unsafe { free(p as *mut u8) };
+                    }
+                }
+            }
+            (handed, seen)
+        })
+        .join()
+        .unwrap();
+        for (p, size, seed) in handed {
+            assert!(verify(p as *mut u8, size, seed), "round {round}: a handed block changed");
+            unsafe { free(p as *mut u8) };
+        }
+        for (u, size) in seen {
+            let first = *class_of_unit.entry(u).or_insert(size);
+            assert_eq!(first, size, "round {round}: unit {u:#x} held {first} B blocks, now {size} B blocks");
+        }
+    }
+    check_invariants().unwrap();
+}
+
 #[test]
 fn default_mode_refuses_bad_frees() {
     let _g = serial();
