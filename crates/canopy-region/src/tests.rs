@@ -1199,3 +1199,69 @@ fn the_allocation_and_free_counters_count_every_object_once_by_every_path() {
     assert_eq!(ra.stats().frees - before.frees, 1001);
     assert_eq!(ra.stats().allocs - before.allocs, 4202);
 }
+
+/// Damaged descriptions: a valid pack's bytes with some bytes changed, cut
+/// or repeated.  Decoding and unpacking never panic and never leave the
+/// receiver inconsistent: each is refused with an error, or (when the damage
+/// still describes a possible pack) unpacked into an allocator over a fixed
+/// range at the sender's base, whose invariants then hold.
+mod damaged_packs {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cases() -> u32 {
+        std::env::var("CANOPY_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48)
+    }
+
+    /// The encoded description of a small tree of regions (a list, spans,
+    /// a child region) built in an allocator over a fixed range at `base`.
+    fn sample(base: usize, len: usize) -> Vec<u8> {
+        let mut ra =
+            RegionAllocator::with_source(Config::default(), Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap()))
+                .unwrap();
+        let top = ra.ralloc(RegionId::ROOT, 2).unwrap();
+        let child = ra.ralloc(top, 3).unwrap();
+        build_list(&mut ra, top, 300);
+        ra.balloc(48, child, 40).unwrap();
+        ra.alloc(9000, child).unwrap();
+        ra.alloc(200, top).unwrap();
+        ra.pack(top).unwrap().encode()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+        #[test]
+        fn are_refused_or_unpacked_consistently(
+            edits in proptest::collection::vec((any::<proptest::sample::Index>(), any::<u8>()), 1..6),
+            cut in proptest::option::of(any::<proptest::sample::Index>()),
+        ) {
+            let len = 16 << 20;
+            let base = FixedRange::reserve(len, 1 << 20).unwrap().base();
+            let mut enc = sample(base, len);
+            for (at, v) in &edits {
+                let i = at.index(enc.len());
+                enc[i] = *v;
+            }
+            if let Some(c) = cut {
+                enc.truncate(c.index(enc.len() + 1));
+            }
+            let Ok(p) = Packed::decode(&enc) else { return Ok(()) };
+            let mut rb =
+                RegionAllocator::with_source(Config::default(), Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap()))
+                    .unwrap();
+            let r = rb.unpack(RegionId::ROOT, &p, |_, mem| {
+                mem.fill(0);
+                Ok(())
+            });
+            prop_assert!(rb.check().is_ok(), "after unpack ({:?}): {}", r.as_ref().err(), rb.check().unwrap_err());
+            if let Ok(top) = r {
+                // What was unpacked behaves: a new object in it, then the
+                // whole tree freed.
+                let q = rb.alloc(64, top);
+                prop_assert!(q.is_ok(), "{:?}", q.err());
+                rb.rfree(top).unwrap();
+                prop_assert!(rb.check().is_ok(), "{}", rb.check().unwrap_err());
+            }
+        }
+    }
+}
