@@ -1215,9 +1215,11 @@ mod damaged_packs {
 
     /// The encoded description of a small tree of regions (a list, spans,
     /// a child region) built in an allocator over a fixed range at `base`.
-    fn sample(base: usize, len: usize) -> Vec<u8> {
+    /// `None` if the range was taken meanwhile (tests run in parallel, and
+    /// another thread's mapping may land in a range found free a moment ago).
+    fn sample(base: usize, len: usize) -> Option<Vec<u8>> {
         let mut ra =
-            RegionAllocator::with_source(Config::default(), Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap()))
+            RegionAllocator::with_source(Config::default(), Box::new(FixedRange::reserve_at(base, len, 1 << 20).ok()?))
                 .unwrap();
         let top = ra.ralloc(RegionId::ROOT, 2).unwrap();
         let child = ra.ralloc(top, 3).unwrap();
@@ -1225,7 +1227,7 @@ mod damaged_packs {
         ra.balloc(48, child, 40).unwrap();
         ra.alloc(9000, child).unwrap();
         ra.alloc(200, top).unwrap();
-        ra.pack(top).unwrap().encode()
+        Some(ra.pack(top).unwrap().encode())
     }
 
     proptest! {
@@ -1237,7 +1239,9 @@ mod damaged_packs {
         ) {
             let len = 16 << 20;
             let base = FixedRange::reserve(len, 1 << 20).unwrap().base();
-            let mut enc = sample(base, len);
+            let enc = sample(base, len);
+            prop_assume!(enc.is_some(), "the range was taken by another mapping");
+            let mut enc = enc.unwrap();
             for (at, v) in &edits {
                 let i = at.index(enc.len());
                 enc[i] = *v;
@@ -1246,9 +1250,9 @@ mod damaged_packs {
                 enc.truncate(c.index(enc.len() + 1));
             }
             let Ok(p) = Packed::decode(&enc) else { return Ok(()) };
-            let mut rb =
-                RegionAllocator::with_source(Config::default(), Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap()))
-                    .unwrap();
+            let range = FixedRange::reserve_at(base, len, 1 << 20);
+            prop_assume!(range.is_ok(), "the range was taken by another mapping");
+            let mut rb = RegionAllocator::with_source(Config::default(), Box::new(range.unwrap())).unwrap();
             let r = rb.unpack(RegionId::ROOT, &p, |_, mem| {
                 mem.fill(0);
                 Ok(())
