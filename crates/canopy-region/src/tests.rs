@@ -550,47 +550,63 @@ fn free_base(len: usize) -> usize {
     FixedRange::reserve(len, 1 << 20).unwrap().base()
 }
 
+/// Run `f` at a base of `len` bytes of free address space.  `f` gives
+/// `None` when it could not reserve its range at that base: between one
+/// allocator's unmapping and the next one's mapping at the same base,
+/// another thread's mapping (tests run in parallel) may land there.  Then it
+/// runs again at a new base.
+fn at_a_free_base<T>(len: usize, mut f: impl FnMut(usize) -> Option<T>) -> T {
+    for _ in 0..8 {
+        if let Some(t) = f(free_base(len)) {
+            return t;
+        }
+    }
+    panic!("no range of {len} bytes stayed free from one reservation to the next in 8 attempts");
+}
+
 /// Build a linked list and a binary tree in regions of an allocator over a
 /// fixed range, pack them, drop the allocator (unmapping the range), and
 /// unpack into a new allocator at the same base: the pointers still work.
 #[test]
 fn unpack_at_the_same_addresses_in_a_new_allocator() {
     let len = 64 << 20;
-    let base = free_base(len);
-    let cfg = Config::default();
-    let (enc, bytes, list_head, tree_root) = {
-        let mut ra = RegionAllocator::with_source(cfg.clone(), Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap())).unwrap();
-        let top = ra.ralloc(RegionId::ROOT, 0).unwrap();
-        let lists = ra.ralloc(top, 1).unwrap();
-        let trees = ra.ralloc(top, 1).unwrap();
-        let head = crate::tests::build_list(&mut ra, lists, 5000);
-        let root = crate::tests::build_tree(&mut ra, trees, 12);
-        let p = ra.pack(top).unwrap();
-        let mut bytes = Vec::new();
-        for r in &p.runs {
-            // SAFETY: runs are live memory of the allocator.
-            bytes.extend_from_slice(unsafe { core::slice::from_raw_parts(r.addr as *const u8, r.len) });
-        }
-        (p.encode(), bytes, head as usize, root as usize)
-    };
-    let p = Packed::decode(&enc).unwrap();
-    let mut rb = RegionAllocator::with_source(cfg, Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap())).unwrap();
-    let mut off = 0;
-    let top = rb
-        .unpack(RegionId::ROOT, &p, |run, mem| {
-            mem.copy_from_slice(&bytes[off..off + run.len]);
-            off += run.len;
-            Ok(())
-        })
-        .unwrap();
-    rb.check().unwrap();
-    assert_eq!(top, p.regions[0].id);
-    assert_eq!(walk_list(list_head as *const u8), (5000, (0..5000u64).sum()));
-    assert_eq!(walk_tree(tree_root as *const u8), (1 << 12) - 1);
-    // The unpacked objects are ordinary objects here: free one, free the rest.
-    rb.free(NonNull::new(list_head as *mut u8).unwrap()).unwrap();
-    rb.rfree(top).unwrap();
-    rb.check().unwrap();
+    at_a_free_base(len, |base| {
+        let cfg = Config::default();
+        let (enc, bytes, list_head, tree_root) = {
+            let mut ra = RegionAllocator::with_source(cfg.clone(), Box::new(FixedRange::reserve_at(base, len, 1 << 20).ok()?)).unwrap();
+            let top = ra.ralloc(RegionId::ROOT, 0).unwrap();
+            let lists = ra.ralloc(top, 1).unwrap();
+            let trees = ra.ralloc(top, 1).unwrap();
+            let head = crate::tests::build_list(&mut ra, lists, 5000);
+            let root = crate::tests::build_tree(&mut ra, trees, 12);
+            let p = ra.pack(top).unwrap();
+            let mut bytes = Vec::new();
+            for r in &p.runs {
+                // SAFETY: runs are live memory of the allocator.
+                bytes.extend_from_slice(unsafe { core::slice::from_raw_parts(r.addr as *const u8, r.len) });
+            }
+            (p.encode(), bytes, head as usize, root as usize)
+        };
+        let p = Packed::decode(&enc).unwrap();
+        let mut rb = RegionAllocator::with_source(cfg, Box::new(FixedRange::reserve_at(base, len, 1 << 20).ok()?)).unwrap();
+        let mut off = 0;
+        let top = rb
+            .unpack(RegionId::ROOT, &p, |run, mem| {
+                mem.copy_from_slice(&bytes[off..off + run.len]);
+                off += run.len;
+                Ok(())
+            })
+            .unwrap();
+        rb.check().unwrap();
+        assert_eq!(top, p.regions[0].id);
+        assert_eq!(walk_list(list_head as *const u8), (5000, (0..5000u64).sum()));
+        assert_eq!(walk_tree(tree_root as *const u8), (1 << 12) - 1);
+        // The unpacked objects are ordinary objects here: free one, free the rest.
+        rb.free(NonNull::new(list_head as *mut u8).unwrap()).unwrap();
+        rb.rfree(top).unwrap();
+        rb.check().unwrap();
+        Some(())
+    })
 }
 
 /// A list of `n` 32-byte nodes (next pointer, value), newest first.
@@ -600,23 +616,25 @@ fn unpack_at_the_same_addresses_in_a_new_allocator() {
 #[test]
 fn unpack_refuses_slot_sizes_the_receiver_does_not_have() {
     let len = 16 << 20;
-    let base = free_base(len);
-    let enc = {
-        let mut ra =
-            RegionAllocator::with_source(Config::default(), Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap()))
-                .unwrap();
-        let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
-        build_list(&mut ra, r, 100);
-        ra.pack(r).unwrap().encode()
-    };
-    let p = Packed::decode(&enc).unwrap();
-    let myrmics = Config { min_slot: 64, ..Config::default() };
-    let mut rb = RegionAllocator::with_source(myrmics, Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap())).unwrap();
-    let e = rb.unpack(RegionId::ROOT, &p, |_, _| Ok(())).unwrap_err();
-    assert!(matches!(e, RegionError::Unpack(_)), "{e}");
-    assert!(e.to_string().contains("slot size 32"), "{e}");
-    assert_eq!(rb.stats().regions, 1);
-    rb.check().unwrap();
+    at_a_free_base(len, |base| {
+        let enc = {
+            let mut ra =
+                RegionAllocator::with_source(Config::default(), Box::new(FixedRange::reserve_at(base, len, 1 << 20).ok()?))
+                    .unwrap();
+            let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+            build_list(&mut ra, r, 100);
+            ra.pack(r).unwrap().encode()
+        };
+        let p = Packed::decode(&enc).unwrap();
+        let myrmics = Config { min_slot: 64, ..Config::default() };
+        let mut rb = RegionAllocator::with_source(myrmics, Box::new(FixedRange::reserve_at(base, len, 1 << 20).ok()?)).unwrap();
+        let e = rb.unpack(RegionId::ROOT, &p, |_, _| Ok(())).unwrap_err();
+        assert!(matches!(e, RegionError::Unpack(_)), "{e}");
+        assert!(e.to_string().contains("slot size 32"), "{e}");
+        assert_eq!(rb.stats().regions, 1);
+        rb.check().unwrap();
+        Some(())
+    })
 }
 
 /// A pack's slot sizes decide whether a receiver can hold it, not the
@@ -627,51 +645,53 @@ fn unpack_refuses_slot_sizes_the_receiver_does_not_have() {
 #[test]
 fn unpack_takes_slot_sizes_the_receiver_has_from_a_smaller_smallest_slot() {
     let len = 16 << 20;
-    let base = free_base(len);
-    for (min_slot, sizes) in [(64, [64usize, 100, 4096]), (32, [32, 64, 96])] {
-        let (enc, bytes, objs) = {
-            let mut ra = RegionAllocator::with_source(
-                Config::default(),
-                Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap()),
-            )
-            .unwrap();
-            let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
-            let mut objs = Vec::new();
-            for (i, &s) in sizes.iter().enumerate() {
-                for p in ra.balloc(s, r, 70).unwrap() {
-                    fill(p, s, i as u8 + 1);
-                    objs.push((p.as_ptr() as usize, s, i as u8 + 1));
+    at_a_free_base(len, |base| {
+        for (min_slot, sizes) in [(64, [64usize, 100, 4096]), (32, [32, 64, 96])] {
+            let (enc, bytes, objs) = {
+                let mut ra = RegionAllocator::with_source(
+                    Config::default(),
+                    Box::new(FixedRange::reserve_at(base, len, 1 << 20).ok()?),
+                )
+                .unwrap();
+                let r = ra.ralloc(RegionId::ROOT, 0).unwrap();
+                let mut objs = Vec::new();
+                for (i, &s) in sizes.iter().enumerate() {
+                    for p in ra.balloc(s, r, 70).unwrap() {
+                        fill(p, s, i as u8 + 1);
+                        objs.push((p.as_ptr() as usize, s, i as u8 + 1));
+                    }
                 }
+                let p = ra.pack(r).unwrap();
+                let mut bytes = Vec::new();
+                for run in &p.runs {
+                    // SAFETY: runs are live memory of the allocator.
+                    bytes.extend_from_slice(unsafe { core::slice::from_raw_parts(run.addr as *const u8, run.len) });
+                }
+                (p.encode(), bytes, objs)
+            };
+            let p = Packed::decode(&enc).unwrap();
+            let cfg = Config { min_slot, ..Config::default() };
+            let mut rb = RegionAllocator::with_source(cfg, Box::new(FixedRange::reserve_at(base, len, 1 << 20).ok()?)).unwrap();
+            let mut off = 0;
+            let top = rb
+                .unpack(RegionId::ROOT, &p, |run, mem| {
+                    mem.copy_from_slice(&bytes[off..off + run.len]);
+                    off += run.len;
+                    Ok(())
+                })
+                .unwrap_or_else(|e| panic!("smallest slot {min_slot}: {e}"));
+            rb.check().unwrap();
+            assert_eq!(rb.region_stats(top).unwrap().objects, objs.len() as u64);
+            for &(a, s, v) in &objs {
+                let q = NonNull::new(a as *mut u8).unwrap();
+                assert!(holds(q, s, v));
+                assert_eq!(rb.object(q).unwrap(), (top, rb.slot_size_for(s).unwrap()));
             }
-            let p = ra.pack(r).unwrap();
-            let mut bytes = Vec::new();
-            for run in &p.runs {
-                // SAFETY: runs are live memory of the allocator.
-                bytes.extend_from_slice(unsafe { core::slice::from_raw_parts(run.addr as *const u8, run.len) });
-            }
-            (p.encode(), bytes, objs)
-        };
-        let p = Packed::decode(&enc).unwrap();
-        let cfg = Config { min_slot, ..Config::default() };
-        let mut rb = RegionAllocator::with_source(cfg, Box::new(FixedRange::reserve_at(base, len, 1 << 20).unwrap())).unwrap();
-        let mut off = 0;
-        let top = rb
-            .unpack(RegionId::ROOT, &p, |run, mem| {
-                mem.copy_from_slice(&bytes[off..off + run.len]);
-                off += run.len;
-                Ok(())
-            })
-            .unwrap_or_else(|e| panic!("smallest slot {min_slot}: {e}"));
-        rb.check().unwrap();
-        assert_eq!(rb.region_stats(top).unwrap().objects, objs.len() as u64);
-        for &(a, s, v) in &objs {
-            let q = NonNull::new(a as *mut u8).unwrap();
-            assert!(holds(q, s, v));
-            assert_eq!(rb.object(q).unwrap(), (top, rb.slot_size_for(s).unwrap()));
+            rb.rfree(top).unwrap();
+            rb.check().unwrap();
         }
-        rb.rfree(top).unwrap();
-        rb.check().unwrap();
-    }
+        Some(())
+    })
 }
 
 /// Objects below the granule take slots of the next multiple of the smallest
