@@ -1178,27 +1178,20 @@ impl Heap {
     /// The heap is abandoned and the caller owns it now.
     pub(crate) unsafe fn adopt(&mut self, tid: usize) {
         self.tid = tid;
-        if !crate::options().check {
-            // Full slabs keep owner 0 (see `make_full`).
-            for c in 0..SMALL_CLASSES {
-                let mut s = self.avail[c];
-                while !s.is_null() {
-                    // SAFETY: slabs of this heap, which we now own.
-                    unsafe {
-                        (*s).owner.store(tid, Ordering::Relaxed);
-                        s = (*s).next;
-                    }
+        if crate::options().check {
+            return;
+        }
+        // Full slabs keep owner 0 (see `make_full`).
+        for c in 0..SMALL_CLASSES {
+            let mut s = self.avail[c];
+            while !s.is_null() {
+                // SAFETY: slabs of this heap, which we now own.
+                unsafe {
+                    (*s).owner.store(tid, Ordering::Relaxed);
+                    s = (*s).next;
                 }
             }
         }
-        // Take in the frees sent while the heap had no thread (a thread's
-        // blocks freed by whoever joined it), so that the new owner reuses
-        // those slots first instead of filling its slabs past them: without
-        // it, a program that starts thread after thread, each handing some
-        // blocks back to its parent, spread every slab's live blocks over
-        // ever more pages (thread churn peaked at half of each slab resident).
-        // SAFETY: the caller owns the heap now.
-        unsafe { self.drain_inbox() };
     }
 
     /// Check this heap's invariants (owner thread; debug builds and tests).
