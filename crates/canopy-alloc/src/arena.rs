@@ -21,10 +21,11 @@
 //!   full slabs (on their heap's full list) and every slab in
 //!   check mode, which sends every free through the checked slow path.
 //! - A unit whose kind is not `SMALL` has `owner == 0`.
-//! - For a `SMALL` unit: `used + free slots == slots` (plus one for the
-//!   current slab of its class, which carries a bias), where the free slots
-//!   are the set bits of the unit's bitmap ([`bitmap`]); blocks in flight to
-//!   the owner as remote frees count as used until the owner drains them.
+//! - For a `SMALL` unit, the set bits of the unit's bitmap ([`bitmap`]) are
+//!   exactly its free slots (none past the last slot); blocks in flight to
+//!   the owner as remote frees count as live until the owner drains them.
+//!   A slab on its heap's full list has no set bit.  No count of live
+//!   blocks is kept: a slab is empty when every slot's bit is set.
 //!
 //! A `SMALL` unit is a [`crate::slab`] slab: its slots' bitmap lives in a
 //! table of its own, `BITMAP_STRIDE` bytes per unit, in the gigabyte below the
@@ -118,9 +119,8 @@ pub struct Desc {
     /// SMALL: id of the owning thread while the free fast path may push onto
     /// this slab (current or available); 0 otherwise (see the module invariants).
     pub owner: AtomicUsize,
-    /// SMALL: live blocks (including ones in flight as remote frees), plus
-    /// one while the slab is its class's current slab.
-    /// MEDIUM (first unit of a page): live chunks in the page.
+    /// MEDIUM (first unit of a page): live chunks in the page.  (Unused by
+    /// SMALL units, whose bitmap alone says which slots are live.)
     pub used: u32,
     /// One of [`kind`].
     pub kind: u8,

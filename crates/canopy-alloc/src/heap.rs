@@ -97,11 +97,13 @@ pub(crate) struct Cursor {
     /// The slab the word belongs to (`EMPTY_DESC` with `ZERO_WORD`).
     pub(crate) desc: *mut Desc,
     /// Blocks the fast path took through this cursor, not yet added to the
-    /// slab's `used` (see `Heap::settle`): the fast path writes only the
-    /// cursor's line, not the descriptor's, which other threads read on
-    /// every free of the slab's blocks.
+    /// heap's allocation count (see `Heap::settle`).
     pub(crate) taken: u32,
 }
+
+/// Slow-path visits between two sweeps for empty slabs, at least (see
+/// [`Heap::sweep_empty`]).
+pub(crate) const SWEEP_PERIOD: u32 = 64;
 
 /// The word of every empty cursor: no free slot, so the fast path goes to
 /// the slow path without writing anything.  Never written.
@@ -255,6 +257,12 @@ pub struct Heap {
     free_pages: usize,
     /// Pages held for slabs.
     small_pages: usize,
+    /// Slow-path visits (`maintenance`) since the last sweep for empty slabs.
+    sweep_visits: u32,
+    /// Visits between sweeps: [`SWEEP_PERIOD`] plus four per slab the last
+    /// sweep looked at, so a sweep costs at most a quarter of a slab check
+    /// per visit.
+    sweep_every: u32,
     /// The medium (local heap) part.
     pub(crate) medium: Medium,
     /// Outgoing remote frees.
@@ -347,6 +355,8 @@ impl Heap {
             free_units: ptr::null_mut(),
             free_pages: 0,
             small_pages: 0,
+            sweep_visits: 0,
+            sweep_every: SWEEP_PERIOD,
             medium: Medium::new(),
             remote: [EMPTY_SLOT; REMOTE_SLOTS],
             counters: HeapCounters {
@@ -452,23 +462,19 @@ impl Heap {
                 if let Some(p) = self.take_from(c, d) {
                     return p;
                 }
-                // Exhausted: drop the current bias (after `set_current` has
-                // settled the cursor's count), move to the full list.
+                // Exhausted: to the full list.
                 self.set_current(c, empty_desc());
-                (*d).used -= 1;
                 self.make_full(c, d);
             }
             // A slab with free slots?
             while !self.avail[c].is_null() {
                 let s = self.avail[c];
                 Heap::list_remove(&mut self.avail[c], s);
-                (*s).used += 1;
                 self.set_current(c, s);
                 if let Some(p) = self.take_from(c, s) {
                     return p;
                 }
                 self.set_current(c, empty_desc());
-                (*s).used -= 1;
                 self.make_full(c, s);
             }
             // A fresh slab.
@@ -502,30 +508,13 @@ impl Heap {
         self.cursors[c] = Cursor::empty();
     }
 
-    /// Add the blocks class `c`'s cursor took to its slab's `used`.  Until
-    /// then the current slab's `used` is short by them: it may even wrap
-    /// below 0 (all arithmetic on `used` wraps), which is why only a slab
-    /// that is not current is ever released for `used == 0`.
+    /// Add the blocks class `c`'s cursor took to the heap's allocation count.
     #[inline]
     fn settle(&mut self, c: usize) {
         let cur = &mut self.cursors[c];
         if cur.taken != 0 {
-            // SAFETY: a cursor that took blocks points at a slab of this
-            // heap (owner thread).
-            unsafe { (*cur.desc).used = (*cur.desc).used.wrapping_add(cur.taken) };
             self.allocs += cur.taken as u64;
             cur.taken = 0;
-        }
-    }
-
-    /// `used` of slab `d` of class `c` with its cursor's blocks added.
-    fn used_of(&self, c: usize, d: *const Desc) -> u32 {
-        // SAFETY: d is a slab of this heap (owner thread).
-        let u = unsafe { (*d).used };
-        if core::ptr::eq(self.cursors[c].desc, d) {
-            u.wrapping_add(self.cursors[c].taken)
-        } else {
-            u
         }
     }
 
@@ -549,7 +538,6 @@ impl Heap {
                 let p = (base + bit as usize * size) as *mut u8;
                 // Clear the free mark (see arena::Block).
                 (*(p as *mut Block)).tag = 0;
-                (*d).used = (*d).used.wrapping_add(1);
                 self.allocs += 1;
                 if crate::options().check {
                     crate::check::mark_allocated(d, p);
@@ -565,6 +553,12 @@ impl Heap {
 
     /// Make a fresh slab of class `c` from a free unit.
     unsafe fn new_slab(&mut self, c: usize) -> Option<*mut Desc> {
+        if self.free_units.is_null() && self.sweep_visits >= self.sweep_every / 2 {
+            // Before taking a page: slabs emptied by frees on the fast path
+            // (at most twice as often as the periodic sweep).
+            // SAFETY: owner thread (caller's contract).
+            unsafe { self.sweep_empty() };
+        }
         if self.free_units.is_null() && !self.take_page() {
             return None;
         }
@@ -582,8 +576,6 @@ impl Heap {
             for w in 0..shape.words as usize {
                 (*words.add(w)).store(shape.fresh_word(w), Ordering::Relaxed);
             }
-            // The bias of being current (see `Heap`): never 0 while current.
-            (*d).used = 1;
             (*d).class = c as u8;
             (*d).flags = 0;
             (*d).divc = SMALL_TESTS[c].0;
@@ -628,7 +620,7 @@ impl Heap {
     unsafe fn release_slab(&mut self, d: *mut Desc) {
         // SAFETY: d is an empty slab of this heap on no list.
         unsafe {
-            debug_assert_eq!((*d).used, 0);
+            debug_assert!(slab_empty(d), "released a slab with live blocks");
             (*d).owner.store(0, Ordering::Relaxed);
             (*d).kind = kind::HEAP_FREE;
             (*d).flags = 0;
@@ -665,9 +657,11 @@ impl Heap {
 
     // ----- freeing -----
 
-    /// The owner's free of a small block `p` in slab `d`: set its bit.
+    /// The owner's free of a small block `p` in slab `d` off the fast path
+    /// (a full slab, check mode, a remote free taken in): set its bit.
     /// Refuses (changing nothing) a pointer that starts no slot and a block
-    /// that is free already.
+    /// that is free already.  A full slab goes back to `avail`; a slab whose
+    /// word this free made wholly free is checked for emptiness.
     #[inline]
     pub(crate) unsafe fn free_small_local(&mut self, d: *mut Desc, p: *mut u8) -> Result<(), BadFree> {
         // SAFETY: d is a slab of this heap (owner thread), so its bitmap is
@@ -679,21 +673,18 @@ impl Heap {
             let now = slab::release_bits(word.load(Ordering::Relaxed), i).map_err(|_| BadFree::DoubleFree)?;
             word.store(now, Ordering::Relaxed);
             (*(p as *mut Block)).tag = free_mark();
-            debug_assert!(self.used_of((*d).class as usize, d) > 0, "free into a slab with no live block");
-            (*d).used = (*d).used.wrapping_sub(1);
-            if (*d).flags != 0 || (*d).used == 0 {
-                self.free_small_post(d, p);
+            if (*d).flags != 0 || now == SHAPES[(*d).class as usize].fresh_word(i / 64) {
+                self.free_small_post(d);
             }
             Ok(())
         }
     }
 
-    /// After a local free: a full slab becomes available again; an empty
-    /// slab goes back to the free units unless it is the class's only slab
-    /// with room (the current slab never gets here empty: it carries a bias
-    /// of one in `used`).
+    /// After a free off the fast path: a full slab becomes available again;
+    /// an empty slab that is not current goes back to the free units unless
+    /// it is the class's only slab with room.
     #[cold]
-    pub(crate) unsafe fn free_small_post(&mut self, d: *mut Desc, _p: *mut u8) {
+    pub(crate) unsafe fn free_small_post(&mut self, d: *mut Desc) {
         // SAFETY: d is a slab of this heap (owner thread).
         unsafe {
             let c = (*d).class as usize;
@@ -706,26 +697,81 @@ impl Heap {
                     (*d).owner.store(self.tid, Ordering::Relaxed);
                 }
             }
-            // The current slab's `used` may reach 0 while its cursor holds
-            // blocks not yet added (see `settle`); with them it never does
-            // (it carries a bias of one).
-            // An empty slab goes back to the free units, unless it is the
-            // class's last slab with room (no current slab, nothing else on
-            // `avail`): that one stays for the class's next allocation.  A
-            // unit released and taken again by another class is touched by
-            // every class it ever held, so a heap that empties and refills
-            // its classes (a thread adopting the heap of one that ended)
-            // spread them over ever more resident pages (thread churn: half
-            // of every slab resident, for a few kilobytes in use in each).
-            if (*d).used == 0 && self.cur[c] != d {
-                let last = self.cur[c] == empty_desc() && (*d).next.is_null() && self.avail[c] == d;
-                if !last {
-                    Heap::list_remove(&mut self.avail[c], d);
-                    self.release_slab(d);
+            if self.cur[c] != d && slab_empty(d) {
+                self.release_if_not_last(c, d);
+            }
+        }
+    }
+
+    /// Release empty slab `d` of class `c` (on `avail`), unless it is the
+    /// class's last slab with room (no current slab, nothing else on
+    /// `avail`): that one stays for the class's next allocation.  A unit
+    /// released and taken again by another class is touched by every class
+    /// it ever held, so a heap that empties and refills its classes (a
+    /// thread adopting the heap of one that ended) spread them over ever
+    /// more resident pages (thread churn: half of every slab resident, for a
+    /// few kilobytes in use in each).
+    unsafe fn release_if_not_last(&mut self, c: usize, d: *mut Desc) {
+        let last = self.cur[c] == empty_desc() && self.avail[c] == d && {
+            // SAFETY: d is on this heap's avail list (caller's contract).
+            unsafe { (*d).next.is_null() }
+        };
+        if !last {
+            // SAFETY: as above; an empty slab on no list is released.
+            unsafe {
+                Heap::list_remove(&mut self.avail[c], d);
+                self.release_slab(d);
+            }
+        }
+    }
+
+    /// Slabs of class `c` this heap holds (current, available and full), for tests.
+    #[cfg(test)]
+    pub(crate) fn slab_count(&self, c: usize) -> usize {
+        let mut n = 0;
+        {
+            n += (self.cur[c] != empty_desc()) as usize;
+            for head in [self.avail[c], self.full[c]] {
+                let mut d = head;
+                while !d.is_null() {
+                    n += 1;
+                    // SAFETY: slabs of this heap (owner thread).
+                    d = unsafe { (*d).next };
                 }
             }
-            debug_assert!(self.cur[c] != d || self.used_of(c, d) > 0, "the current slab lost its bias");
         }
+        n
+    }
+
+    /// Find the empty slabs on the `avail` lists and release them (each
+    /// class keeps one, see [`release_if_not_last`](Self::release_if_not_last)).
+    ///
+    /// The free fast path does not count a slab's live blocks (a count in the
+    /// descriptor was a store into a line that other threads read on every
+    /// remote free of the slab's blocks, and a line more for every free to
+    /// write back), so a slab that its owner's frees empty is found here:
+    /// before the heap takes a page from the global heap, every
+    /// [`SWEEP_PERIOD`] slow-path visits, and when the thread exits.  Frees
+    /// off the fast path (remote frees taken in, frees into full slabs, check
+    /// mode) release at once a slab they empty.
+    pub(crate) unsafe fn sweep_empty(&mut self) {
+        let mut scanned = 0u32;
+        for c in 0..SMALL_CLASSES {
+            let mut s = self.avail[c];
+            while !s.is_null() {
+                scanned = scanned.saturating_add(1);
+                // SAFETY: slabs on this heap's avail list (owner thread).
+                unsafe {
+                    let next = (*s).next;
+                    if slab_empty(s) {
+                        self.release_if_not_last(c, s);
+                    }
+                    s = next;
+                }
+            }
+        }
+        self.sweep_visits = 0;
+        self.sweep_every = SWEEP_PERIOD.saturating_add(scanned.saturating_mul(4));
     }
 
     /// Queue a free of `p` (a block of another heap `target`) for sending.
@@ -1012,6 +1058,11 @@ impl Heap {
         // SAFETY: owner thread.
         unsafe { self.drain_inbox() };
         self.flush_remote();
+        self.sweep_visits += 1;
+        if self.sweep_visits >= self.sweep_every {
+            // SAFETY: owner thread.
+            unsafe { self.sweep_empty() };
+        }
         let e = STATS_EPOCH.load(Ordering::Relaxed);
         if e != self.seen_epoch {
             self.publish();
@@ -1050,7 +1101,7 @@ impl Heap {
                 while !d.is_null() && d != empty_desc() {
                     // SAFETY: slabs of this heap, read by their owner.
                     unsafe {
-                        blocks += self.used_of(c, d) as u64 - only_one as u64;
+                        blocks += u64::from(SHAPES[c].slots - free_slots(d));
                         slabs += 1;
                         d = if only_one { ptr::null_mut() } else { (*d).next };
                     }
@@ -1098,14 +1149,13 @@ impl Heap {
                 let d = self.cur[c];
                 if d != empty_desc() {
                     self.set_current(c, empty_desc());
-                    (*d).used -= 1;
                     Heap::list_push(&mut self.avail[c], d);
                 }
                 // Empty slabs go back; the rest lose their owner.
                 let mut s = self.avail[c];
                 while !s.is_null() {
                     let next = (*s).next;
-                    if (*s).used == 0 {
+                    if slab_empty(s) {
                         Heap::list_remove(&mut self.avail[c], s);
                         self.release_slab(s);
                     } else {
@@ -1152,10 +1202,7 @@ impl Heap {
             if d != empty_desc() {
                 self.set_current(c, empty_desc());
                 // SAFETY: owner; d was this heap's current slab.
-                unsafe {
-                    (*d).used -= 1;
-                    Heap::list_push(&mut self.avail[c], d);
-                }
+                unsafe { Heap::list_push(&mut self.avail[c], d) };
             }
             for head in [self.avail[c], self.full[c]] {
                 let mut s = head;
@@ -1197,7 +1244,7 @@ impl Heap {
     /// Check this heap's invariants (owner thread; debug builds and tests).
     pub(crate) fn check(&self) -> Result<(), &'static str> {
         let check_mode = crate::options().check;
-        for (c, shape) in SHAPES.iter().enumerate() {
+        for c in 0..SHAPES.len() {
             let d = self.cur[c];
             if d != empty_desc() {
                 // SAFETY: owner reading its own slabs.
@@ -1237,21 +1284,19 @@ impl Heap {
                         if self.tid != 0 && (*s).owner.load(Ordering::Relaxed) != want {
                             return Err("slab owner is not the heap's thread (0 for full slabs and in check mode)");
                         }
-                        if self.used_of(c, s).wrapping_add(free_slots(s)) != shape.slots {
-                            return Err("used + free slots != slots");
+                        if full && free_slots(s) != 0 {
+                            return Err("a slab on the full list has a free slot");
+                        }
+                        if !bits_within_slots(s) {
+                            return Err("a slab's bitmap has bits past its last slot");
                         }
                         s = (*s).next;
                     }
                 }
             }
-            if d != empty_desc() {
-                // SAFETY: owner reading its own current slab.
-                unsafe {
-                    // The current slab's `used` carries a bias of one.
-                    if self.used_of(c, d).wrapping_add(free_slots(d)) != shape.slots + 1 {
-                        return Err("current slab: used - 1 + free slots != slots");
-                    }
-                }
+            // SAFETY: owner reading its own current slab.
+            if d != empty_desc() && !unsafe { bits_within_slots(d) } {
+                return Err("the current slab's bitmap has bits past its last slot");
             }
         }
         self.medium.check()
@@ -1344,6 +1389,34 @@ pub(crate) fn reclaim_abandoned() {
         g.abandoned = list;
     }
     crate::solo::unlock(locked);
+}
+
+/// Whether SMALL slab `d` has no live block: every slot's bit set (its
+/// owner, or a heap nobody runs).  Blocks in flight to the owner as remote
+/// frees count as live until the owner takes them in.
+///
+/// # Safety
+/// `d` is a SMALL descriptor.
+pub(crate) unsafe fn slab_empty(d: *const Desc) -> bool {
+    // SAFETY: a SMALL unit's bitmap has its class's words.
+    unsafe {
+        let shape = &SHAPES[(*d).class as usize];
+        let words = arena::bitmap(desc_index(d));
+        (0..shape.words as usize).all(|w| (*words.add(w)).load(Ordering::Relaxed) == shape.fresh_word(w))
+    }
+}
+
+/// Whether SMALL slab `d`'s bitmap has no bit past its last slot.
+///
+/// # Safety
+/// `d` is a SMALL descriptor.
+unsafe fn bits_within_slots(d: *const Desc) -> bool {
+    // SAFETY: a SMALL unit's bitmap has its class's words.
+    unsafe {
+        let shape = &SHAPES[(*d).class as usize];
+        let words = arena::bitmap(desc_index(d));
+        (0..shape.words as usize).all(|w| (*words.add(w)).load(Ordering::Relaxed) & !shape.fresh_word(w) == 0)
+    }
 }
 
 /// Free slots of SMALL slab `d` (its owner, or a heap nobody runs).

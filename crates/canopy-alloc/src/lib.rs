@@ -466,8 +466,15 @@ const HINT_CLASS: usize = 1 << 63;
 /// list of this thread's heap (`owner == thread_id()`: full and abandoned
 /// slabs, and every slab in check mode, have `owner == 0`), checks that `p`
 /// starts a slot, that the block is not marked in flight to this heap, and
-/// that its bit is clear (else: a double free), and sets the bit.  Only a
-/// slab that empties (`used` reaches 0) needs the post hook.
+/// that its bit is clear (else: a double free), and sets the bit and the
+/// block's free mark: two stores, none into the descriptor, whose line
+/// other threads read on every remote free of the slab's blocks.  It keeps
+/// no count of a slab's live blocks; the heap finds the slabs its frees
+/// emptied by a sweep of its bitmaps (`Heap::sweep_empty`).
+///
+/// After `fork()`, a new thread of the child can have the id (TCB address)
+/// of a parent thread that no longer exists, whose heap is retired: the fast
+/// path then frees into a slab of that dead heap, which only leaks the block.
 #[inline(always)]
 unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
     let base = arena::arena_base();
@@ -499,14 +506,10 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
                         let word = &*((base - arena::BITMAP_OFFSET + (i64 + (i >> 6)) * 8) as *const core::sync::atomic::AtomicU64);
                         if let Ok(now) = slab::release_bits(word.load(core::sync::atomic::Ordering::Relaxed), i) {
                             word.store(now, core::sync::atomic::Ordering::Relaxed);
-                            // The free mark (`free_mark()`).
+                            // The free mark (`free_mark()`).  No count of
+                            // live blocks: a slab this empties is found by the
+                            // heap's sweep (`Heap::sweep_empty`).
                             (*(p as *mut Block)).tag = key ^ 1;
-                            // Wraps for a current slab whose cursor holds
-                            // blocks not yet counted (see `Heap::settle`).
-                            (*d).used = (*d).used.wrapping_sub(1);
-                            if (*d).used == 0 {
-                                free_post(d, p);
-                            }
                             return;
                         }
                     }
@@ -516,23 +519,6 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
     }
     // SAFETY: forwarded.
     unsafe { free_slow(p, call, expected) }
-}
-
-#[cold]
-#[inline(never)]
-unsafe fn free_post(d: *mut Desc, p: *mut u8) {
-    let me = tls_heap();
-    // After fork(), a new thread of the child can have the id (TCB address)
-    // of a parent thread that no longer exists, whose heap is retired: the
-    // fast path then pushed onto a slab of that dead heap.  That only leaks
-    // the block; its lists are not ours to touch.
-    // SAFETY: d is a descriptor of the arena; `heap` is written once per use
-    // of the unit by its owner.
-    if !core::ptr::eq(unsafe { (*d).heap.load(canopy_sync::prim::Ordering::Relaxed) }, me) {
-        return;
-    }
-    // SAFETY: d belongs to this thread's heap (checked just above).
-    unsafe { (*me).free_small_post(d, p) }
 }
 
 /// Free with the block's size known (the C `free_sized`).  In check mode a
@@ -948,8 +934,10 @@ unsafe fn resize_large_in_place(p: *mut u8, new_size: usize) -> bool {
     done
 }
 
-/// Give every free span of the global heap back to the OS now, and send this
-/// thread's pending remote frees.  Returns the bytes decommitted.
+/// Give every free span of the global heap back to the OS now, send this
+/// thread's pending remote frees, and hand its empty slabs back (whole free
+/// pages beyond the heap's retain limit go to the global heap first).
+/// Returns the bytes decommitted.
 pub fn collect() -> usize {
     if !thread::ensure_init() {
         return 0;
@@ -957,7 +945,10 @@ pub fn collect() -> usize {
     let h = tls_heap();
     if h != empty_heap() {
         // SAFETY: our own heap.
-        unsafe { (*h).maintenance() };
+        unsafe {
+            (*h).maintenance();
+            (*h).sweep_empty();
+        }
     }
     heap::reclaim_abandoned();
     let locked = solo::lock();

@@ -292,6 +292,61 @@ fn a_class_keeps_its_slab_when_threads_come_and_go() {
     check_invariants().unwrap();
 }
 
+/// The free fast path keeps no count of a slab's live blocks, so slabs that
+/// a thread's own frees empty are found by the heap's sweep.  They must go
+/// back to the heap's free units before it takes pages for another class:
+/// a thread that frees all its 64 B blocks and then allocates 448 B blocks
+/// makes the new slabs of the old slabs' units.
+#[test]
+fn slabs_emptied_by_the_owners_frees_are_swept_and_reused() {
+    let _g = serial();
+    let unit_of = |p: usize| p >> UNIT_SHIFT;
+    let (old_units, new_units, last_units) = std::thread::spawn(move || {
+        // 40 slabs of 64 B blocks (1024 per slab), written, then freed by
+        // their owner in an order that leaves every slab empty only at the end.
+        let ps: Vec<usize> = (0..40 * 1024).map(|_| alloc(64) as usize).collect();
+        for (i, &p) in ps.iter().enumerate() {
+            fill(p as *mut u8, 64, i as u8);
+        }
+        let old: std::collections::HashSet<usize> = ps.iter().map(|&p| unit_of(p)).collect();
+        for k in 0..4 {
+            for (i, &p) in ps.iter().enumerate() {
+                if i % 4 == k {
+                    assert!(verify(p as *mut u8, 64, i as u8), "a live 64 B block changed");
+                    unsafe { free(p as *mut u8) };
+                }
+            }
+        }
+        check_invariants().unwrap();
+        // Another class: 30 slabs' worth of 448 B blocks.
+        let qs: Vec<usize> = (0..30 * 146).map(|_| alloc(448) as usize).collect();
+        for (i, &q) in qs.iter().enumerate() {
+            fill(q as *mut u8, 448, i as u8);
+        }
+        let new: std::collections::HashSet<usize> = qs.iter().map(|&q| unit_of(q)).collect();
+        for (i, &q) in qs.iter().enumerate() {
+            assert!(verify(q as *mut u8, 448, i as u8), "a live 448 B block changed");
+            unsafe { free(q as *mut u8) };
+        }
+        // After `collect`, only the last slab of each class is left.
+        collect();
+        // SAFETY: this thread's own heap.
+        let slabs = unsafe { (*tls_heap()).slab_count(small_class_index(64)) + (*tls_heap()).slab_count(small_class_index(448)) };
+        check_invariants().unwrap();
+        (old, new, slabs)
+    })
+    .join()
+    .unwrap();
+    let reused = new_units.iter().filter(|u| old_units.contains(u)).count();
+    assert!(
+        reused * 10 >= new_units.len() * 8,
+        "only {reused} of the {} units of the 448 B slabs were units the emptied 64 B slabs had held ({} of them)",
+        new_units.len(),
+        old_units.len()
+    );
+    assert!(last_units <= 2, "{last_units} slabs of the two classes left after every block was freed and collect() ran (one per class at most)");
+}
+
 #[test]
 fn default_mode_refuses_bad_frees() {
     let _g = serial();
