@@ -711,6 +711,9 @@ impl Heap {
     /// thread adopting the heap of one that ended) spread them over ever
     /// more resident pages (thread churn: half of every slab resident, for a
     /// few kilobytes in use in each).
+    ///
+    /// # Safety
+    /// Owner thread; `d` is an empty slab of class `c` on this heap's `avail` list.
     unsafe fn release_if_not_last(&mut self, c: usize, d: *mut Desc) {
         let last = self.cur[c] == empty_desc() && self.avail[c] == d && {
             // SAFETY: d is on this heap's avail list (caller's contract).
@@ -725,19 +728,16 @@ impl Heap {
         }
     }
 
-    /// Slabs of class `c` this heap holds (current, available and full), for tests.
+    /// Empty slabs of class `c` on this heap's `avail` list, for tests.
     #[cfg(test)]
-    pub(crate) fn slab_count(&self, c: usize) -> usize {
+    pub(crate) fn empty_avail_slabs(&self, c: usize) -> usize {
         let mut n = 0;
-        {
-            n += (self.cur[c] != empty_desc()) as usize;
-            for head in [self.avail[c], self.full[c]] {
-                let mut d = head;
-                while !d.is_null() {
-                    n += 1;
-                    // SAFETY: slabs of this heap (owner thread).
-                    d = unsafe { (*d).next };
-                }
+        let mut d = self.avail[c];
+        while !d.is_null() {
+            // SAFETY: slabs of this heap (owner thread).
+            unsafe {
+                n += slab_empty(d) as usize;
+                d = (*d).next;
             }
         }
         n
@@ -754,6 +754,9 @@ impl Heap {
     /// [`SWEEP_PERIOD`] slow-path visits, and when the thread exits.  Frees
     /// off the fast path (remote frees taken in, frees into full slabs, check
     /// mode) release at once a slab they empty.
+    ///
+    /// # Safety
+    /// Called by the owning thread only (or the only thread after `fork`).
     pub(crate) unsafe fn sweep_empty(&mut self) {
         let mut scanned = 0u32;
         for c in 0..SMALL_CLASSES {

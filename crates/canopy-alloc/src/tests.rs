@@ -293,22 +293,23 @@ fn a_class_keeps_its_slab_when_threads_come_and_go() {
 }
 
 /// The free fast path keeps no count of a slab's live blocks, so slabs that
-/// a thread's own frees empty are found by the heap's sweep.  They must go
-/// back to the heap's free units before it takes pages for another class:
-/// a thread that frees all its 64 B blocks and then allocates 448 B blocks
-/// makes the new slabs of the old slabs' units.
+/// a thread's own frees empty are found by the heap's sweep on its slow
+/// path: a thread that frees all its 64 B blocks and then allocates many
+/// 16 B blocks keeps no empty 64 B slab on its `avail` list (the class's
+/// current slab stays), and `collect` sweeps too.
 #[test]
-fn slabs_emptied_by_the_owners_frees_are_swept_and_reused() {
+fn slabs_emptied_by_the_owners_frees_are_swept() {
     let _g = serial();
-    let unit_of = |p: usize| p >> UNIT_SHIFT;
-    let (old_units, new_units, last_units) = std::thread::spawn(move || {
+    let (c64, c16) = (small_class_index(64), small_class_index(16));
+    // SAFETY (in the closure): reads of this thread's own heap.
+    let empty = |c: usize| unsafe { (*tls_heap()).empty_avail_slabs(c) };
+    let (after_frees, after_other_class, c16_after_collect) = std::thread::spawn(move || {
         // 40 slabs of 64 B blocks (1024 per slab), written, then freed by
         // their owner in an order that leaves every slab empty only at the end.
         let ps: Vec<usize> = (0..40 * 1024).map(|_| alloc(64) as usize).collect();
         for (i, &p) in ps.iter().enumerate() {
             fill(p as *mut u8, 64, i as u8);
         }
-        let old: std::collections::HashSet<usize> = ps.iter().map(|&p| unit_of(p)).collect();
         for k in 0..4 {
             for (i, &p) in ps.iter().enumerate() {
                 if i % 4 == k {
@@ -317,34 +318,34 @@ fn slabs_emptied_by_the_owners_frees_are_swept_and_reused() {
                 }
             }
         }
+        let after_frees = empty(c64);
         check_invariants().unwrap();
-        // Another class: 30 slabs' worth of 448 B blocks.
-        let qs: Vec<usize> = (0..30 * 146).map(|_| alloc(448) as usize).collect();
+        // Another class: 30 slabs' worth of 16 B blocks, about 1,900 visits
+        // to the slow path (one per bitmap word), so the periodic sweep runs.
+        let qs: Vec<usize> = (0..30 * 4096).map(|_| alloc(16) as usize).collect();
         for (i, &q) in qs.iter().enumerate() {
-            fill(q as *mut u8, 448, i as u8);
+            fill(q as *mut u8, 16, i as u8);
         }
-        let new: std::collections::HashSet<usize> = qs.iter().map(|&q| unit_of(q)).collect();
+        let after_other_class = empty(c64);
+        check_invariants().unwrap();
         for (i, &q) in qs.iter().enumerate() {
-            assert!(verify(q as *mut u8, 448, i as u8), "a live 448 B block changed");
+            assert!(verify(q as *mut u8, 16, i as u8), "a live 16 B block changed");
             unsafe { free(q as *mut u8) };
         }
-        // After `collect`, only the last slab of each class is left.
         collect();
-        // SAFETY: this thread's own heap.
-        let slabs = unsafe { (*tls_heap()).slab_count(small_class_index(64)) + (*tls_heap()).slab_count(small_class_index(448)) };
         check_invariants().unwrap();
-        (old, new, slabs)
+        (after_frees, after_other_class, empty(c16))
     })
     .join()
     .unwrap();
-    let reused = new_units.iter().filter(|u| old_units.contains(u)).count();
     assert!(
-        reused * 10 >= new_units.len() * 8,
-        "only {reused} of the {} units of the 448 B slabs were units the emptied 64 B slabs had held ({} of them)",
-        new_units.len(),
-        old_units.len()
+        after_other_class == 0,
+        "{after_other_class} empty slabs of 64 B blocks left on the avail list ({after_frees} right after the frees) after 30 slabs' worth of 16 B allocations: the sweep did not release them"
     );
-    assert!(last_units <= 2, "{last_units} slabs of the two classes left after every block was freed and collect() ran (one per class at most)");
+    assert!(
+        c16_after_collect == 0,
+        "{c16_after_collect} empty slabs of 16 B blocks left on the avail list after every block was freed and collect() ran"
+    );
 }
 
 #[test]
