@@ -138,34 +138,54 @@ impl<T, P: Policy> Drop for Uninit<T, P> {
 }
 
 /// The number of elements of `shape`, or an error naming the shape.
+#[inline]
 pub(crate) fn shape_len(shape: &[usize]) -> Result<usize, ShapeError> {
-    shape
-        .iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| ShapeError(format!("array shape {shape:?} has too many elements")))
+    match shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) {
+        Some(n) => Ok(n),
+        None => Err(shape_error(shape, "has too many elements")),
+    }
+}
+
+/// The error for `shape` (out of line: the allocation paths stay small
+/// enough to inline).
+#[cold]
+#[inline(never)]
+fn shape_error(shape: &[usize], what: &str) -> ShapeError {
+    ShapeError(format!("array shape {shape:?} {what}"))
+}
+
+/// Out of memory for an array block of `bytes`: the standard handler.
+#[cold]
+#[inline(never)]
+fn array_alloc_failed(bytes: usize) -> ! {
+    std::alloc::handle_alloc_error(std::alloc::Layout::from_size_align(bytes, 16).expect("layout of an array block"))
 }
 
 impl<T, P: Policy> Array<T, P> {
     const _ALIGN_OK: () = assert!(core::mem::align_of::<Header<P::Count>>() <= 16);
 
     /// Allocate descriptor and data for `shape` in one block.
+    ///
+    /// Inlined, with its error paths out of line: called through a
+    /// generator object (a `dyn` expression compiled apart from the
+    /// with-loop), an out-of-line `alloc` returned its `Result` through the
+    /// stack, and the caller's wide load of it waited for the two narrower
+    /// stores that wrote it (a store-forwarding stall): the SAC kernel's
+    /// generator form spent a fifth of its expression's time there.
+    #[inline]
     pub(crate) fn alloc(shape: &[usize]) -> Result<Uninit<T, P>, ShapeError> {
         #[allow(clippy::let_unit_value)]
         let _ = Self::_ALIGN_OK;
         let len = shape_len(shape)?;
-        let data_size = len
-            .checked_mul(core::mem::size_of::<T>())
-            .filter(|&b| b <= isize::MAX as usize / 2)
-            .ok_or_else(|| ShapeError(format!("array shape {shape:?} is too large to allocate")))?;
+        let Some(data_size) = len.checked_mul(core::mem::size_of::<T>()).filter(|&b| b <= isize::MAX as usize / 2) else {
+            return Err(shape_error(shape, "is too large to allocate"));
+        };
         let rank = shape.len();
         let dsize = desc_size::<P::Count>(rank);
         let Some((d, data)) =
             canopy_alloc::alloc_with_descriptor(dsize, data_size, core::mem::align_of::<T>())
         else {
-            std::alloc::handle_alloc_error(
-                std::alloc::Layout::from_size_align(dsize + data_size, 16)
-                    .expect("layout of an array block"),
-            );
+            array_alloc_failed(dsize + data_size);
         };
         debug_assert_eq!(data as usize - d as usize, data_offset::<P::Count, T>(rank));
         let h = d as *mut Header<P::Count>;
