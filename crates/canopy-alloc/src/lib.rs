@@ -252,6 +252,11 @@ fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
     if units == 0 || units > MAX_UNITS {
         return (ptr::null_mut(), false);
     }
+    let h = tls_heap();
+    if h != empty_heap() {
+        // SAFETY: this thread's own heap.
+        unsafe { (*h).note_large(units * UNIT) };
+    }
     let locked = solo::lock();
     // SAFETY: global lock held; the span's units become ours.
     let r = unsafe {

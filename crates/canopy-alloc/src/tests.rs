@@ -348,6 +348,39 @@ fn slabs_emptied_by_the_owners_frees_are_swept() {
     );
 }
 
+/// A change of phase: a thread frees its small blocks and then allocates
+/// only large chunks.  The large allocations sweep the heap first (once
+/// they add up to a sixteenth of its slab pages), so the emptied slabs go
+/// back and their pages can serve the large chunks.
+#[test]
+fn large_allocations_after_small_frees_sweep_the_heap() {
+    let _g = serial();
+    let c64 = small_class_index(64);
+    // SAFETY (in the closure): reads of this thread's own heap.
+    let empty = |c: usize| unsafe { (*tls_heap()).empty_avail_slabs(c) };
+    let (after_frees, after_large) = std::thread::spawn(move || {
+        let ps: Vec<usize> = (0..40 * 1024).map(|_| alloc(64) as usize).collect();
+        for &p in ps.iter().rev() {
+            unsafe { free(p as *mut u8) };
+        }
+        let after_frees = empty(c64);
+        let big: Vec<usize> = (0..8).map(|_| alloc(1 << 20) as usize).collect();
+        assert!(big.iter().all(|&b| b != 0), "a 1 MiB allocation failed");
+        let after_large = empty(c64);
+        check_invariants().unwrap();
+        for b in big {
+            unsafe { free(b as *mut u8) };
+        }
+        (after_frees, after_large)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        after_large, 0,
+        "{after_large} empty slabs of 64 B blocks left on the avail list ({after_frees} right after the frees) after 8 MiB of large chunks: the large allocations did not sweep"
+    );
+}
+
 #[test]
 fn default_mode_refuses_bad_frees() {
     let _g = serial();
