@@ -564,6 +564,28 @@ fn at_a_free_base<T>(len: usize, mut f: impl FnMut(usize) -> Option<T>) -> T {
     panic!("no range of {len} bytes stayed free from one reservation to the next in 8 attempts");
 }
 
+/// The bytes of `p`'s runs, in order, copied out of `ra` (right after `pack`).
+fn run_bytes(_ra: &RegionAllocator, p: &Packed) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for r in &p.runs {
+        // SAFETY: the runs are live memory of `ra`, which the borrow keeps
+        // alive and unchanged.
+        bytes.extend_from_slice(unsafe { core::slice::from_raw_parts(r.addr as *const u8, r.len) });
+    }
+    bytes
+}
+
+/// Unpack `p` under the root of `rb`, filling each run from `bytes` (the
+/// runs' contents in order, as [`run_bytes`] made them).
+fn unpack_with(rb: &mut RegionAllocator, p: &Packed, bytes: &[u8]) -> Result<RegionId, RegionError> {
+    let mut off = 0;
+    rb.unpack(RegionId::ROOT, p, |run, mem| {
+        mem.copy_from_slice(&bytes[off..off + run.len]);
+        off += run.len;
+        Ok(())
+    })
+}
+
 /// Build a linked list and a binary tree in regions of an allocator over a
 /// fixed range, pack them, drop the allocator (unmapping the range), and
 /// unpack into a new allocator at the same base: the pointers still work.
@@ -580,23 +602,11 @@ fn unpack_at_the_same_addresses_in_a_new_allocator() {
             let head = crate::tests::build_list(&mut ra, lists, 5000);
             let root = crate::tests::build_tree(&mut ra, trees, 12);
             let p = ra.pack(top).unwrap();
-            let mut bytes = Vec::new();
-            for r in &p.runs {
-                // SAFETY: runs are live memory of the allocator.
-                bytes.extend_from_slice(unsafe { core::slice::from_raw_parts(r.addr as *const u8, r.len) });
-            }
-            (p.encode(), bytes, head as usize, root as usize)
+            (p.encode(), run_bytes(&ra, &p), head as usize, root as usize)
         };
         let p = Packed::decode(&enc).unwrap();
         let mut rb = RegionAllocator::with_source(cfg, Box::new(FixedRange::reserve_at(base, len, 1 << 20).ok()?)).unwrap();
-        let mut off = 0;
-        let top = rb
-            .unpack(RegionId::ROOT, &p, |run, mem| {
-                mem.copy_from_slice(&bytes[off..off + run.len]);
-                off += run.len;
-                Ok(())
-            })
-            .unwrap();
+        let top = unpack_with(&mut rb, &p, &bytes).unwrap();
         rb.check().unwrap();
         assert_eq!(top, p.regions[0].id);
         assert_eq!(walk_list(list_head as *const u8), (5000, (0..5000u64).sum()));
@@ -662,24 +672,12 @@ fn unpack_takes_slot_sizes_the_receiver_has_from_a_smaller_smallest_slot() {
                     }
                 }
                 let p = ra.pack(r).unwrap();
-                let mut bytes = Vec::new();
-                for run in &p.runs {
-                    // SAFETY: runs are live memory of the allocator.
-                    bytes.extend_from_slice(unsafe { core::slice::from_raw_parts(run.addr as *const u8, run.len) });
-                }
-                (p.encode(), bytes, objs)
+                (p.encode(), run_bytes(&ra, &p), objs)
             };
             let p = Packed::decode(&enc).unwrap();
             let cfg = Config { min_slot, ..Config::default() };
             let mut rb = RegionAllocator::with_source(cfg, Box::new(FixedRange::reserve_at(base, len, 1 << 20).ok()?)).unwrap();
-            let mut off = 0;
-            let top = rb
-                .unpack(RegionId::ROOT, &p, |run, mem| {
-                    mem.copy_from_slice(&bytes[off..off + run.len]);
-                    off += run.len;
-                    Ok(())
-                })
-                .unwrap_or_else(|e| panic!("smallest slot {min_slot}: {e}"));
+            let top = unpack_with(&mut rb, &p, &bytes).unwrap_or_else(|e| panic!("smallest slot {min_slot}: {e}"));
             rb.check().unwrap();
             assert_eq!(rb.region_stats(top).unwrap().objects, objs.len() as u64);
             for &(a, s, v) in &objs {
