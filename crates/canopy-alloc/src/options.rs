@@ -12,6 +12,12 @@
 //! | `CANOPY_HUGE_PAGES` | 0 | ask for transparent huge pages on the arena |
 //! | `CANOPY_SOLO_UNLOCKED` | 1 | the global heap takes no lock while only one thread has a heap |
 //! | `CANOPY_VERBOSE` | 0 | print the statistics table to stderr at exit (and warnings about bad frees in the default mode) |
+//!
+//! A variable set to something that is not a decimal number, or to a number
+//! out of its range, is reported on stderr when the allocator starts, e.g.
+//! `canopy: CANOPY_ARENA_GB="abc" is not a decimal number; using 128`; the
+//! option keeps its default, or the nearest bound.  Switches take 0 (off) or
+//! any other number (on).
 
 use canopy_sys::getenv;
 
@@ -52,46 +58,117 @@ impl Options {
         verbose: false,
     };
 
-    /// Read the environment (without allocating).
+    /// Read the environment (without allocating).  A value that is not a
+    /// decimal number, or is out of range, is reported on stderr with the
+    /// value used instead (see [`Options::from_lookup`]).
     pub fn from_env() -> Options {
-        let mut o = Options::DEFAULT;
-        if let Some(v) = num(c"CANOPY_CHECK") {
-            o.check = v != 0;
+        Options::from_lookup(getenv, canopy_sys::write_stderr)
+    }
+
+    /// The options from `get` (the environment, or a test's table).  Each
+    /// variable set to something that is not a decimal number, or to a
+    /// number out of its range, is reported through `warn` (one line naming
+    /// the variable, its value and the value used) and the option keeps its
+    /// default or is clamped.  Never allocates.
+    pub fn from_lookup<'v>(
+        get: impl Fn(&core::ffi::CStr) -> Option<&'v [u8]>,
+        mut warn: impl FnMut(&[u8]),
+    ) -> Options {
+        let d = Options::DEFAULT;
+        let mut r = Reader { get: &get, warn: &mut warn };
+        Options {
+            check: r.flag(c"CANOPY_CHECK", d.check),
+            arena_gb: r.num(c"CANOPY_ARENA_GB", d.arena_gb, 1, 1 << 14, ""),
+            retain_bytes: r
+                .num(c"CANOPY_RETAIN_MB", d.retain_bytes >> 20, 0, usize::MAX >> 20, "")
+                << 20,
+            decay_ms: r.num(c"CANOPY_DECAY_MS", d.decay_ms as usize, 0, usize::MAX, "") as u64,
+            heap_retain_pages: r.num(c"CANOPY_HEAP_RETAIN_PAGES", d.heap_retain_pages, 0, usize::MAX, ""),
+            remote_batch: r.num(
+                c"CANOPY_REMOTE_BATCH",
+                d.remote_batch,
+                1,
+                crate::heap::MAX_BATCH,
+                " (the pointers a batch block holds)",
+            ),
+            huge_pages: r.flag(c"CANOPY_HUGE_PAGES", d.huge_pages),
+            solo_unlocked: r.flag(c"CANOPY_SOLO_UNLOCKED", d.solo_unlocked),
+            verbose: r.flag(c"CANOPY_VERBOSE", d.verbose),
         }
-        if let Some(v) = num(c"CANOPY_ARENA_GB") {
-            o.arena_gb = v.clamp(1, 1 << 14);
-        }
-        if let Some(v) = num(c"CANOPY_RETAIN_MB") {
-            o.retain_bytes = v.saturating_mul(1 << 20);
-        }
-        if let Some(v) = num(c"CANOPY_DECAY_MS") {
-            o.decay_ms = v as u64;
-        }
-        if let Some(v) = num(c"CANOPY_HEAP_RETAIN_PAGES") {
-            o.heap_retain_pages = v;
-        }
-        if let Some(v) = num(c"CANOPY_REMOTE_BATCH") {
-            o.remote_batch = v.clamp(1, 1 << 20);
-        }
-        if let Some(v) = num(c"CANOPY_HUGE_PAGES") {
-            o.huge_pages = v != 0;
-        }
-        if let Some(v) = num(c"CANOPY_SOLO_UNLOCKED") {
-            o.solo_unlocked = v != 0;
-        }
-        if let Some(v) = num(c"CANOPY_VERBOSE") {
-            o.verbose = v != 0;
-        }
-        o
     }
 }
 
-/// Parse a decimal environment variable; `None` if unset or not a number.
-fn num(name: &core::ffi::CStr) -> Option<usize> {
-    let bytes = getenv(name)?;
-    parse_usize(bytes)
+/// Reads variables for [`Options::from_lookup`] and reports bad values.
+struct Reader<'a, G, W> {
+    get: &'a G,
+    warn: &'a mut W,
 }
 
+impl<'v, G: Fn(&core::ffi::CStr) -> Option<&'v [u8]>, W: FnMut(&[u8])> Reader<'_, G, W> {
+    /// A number in `lo..=hi`: the default if unset or not a number, the
+    /// nearest bound if outside (both reported).
+    fn num(&mut self, name: &core::ffi::CStr, default: usize, lo: usize, hi: usize, why: &str) -> usize {
+        let Some(raw) = (self.get)(name) else {
+            return default;
+        };
+        match parse_usize(raw) {
+            None => {
+                self.report(name, raw, "is not a decimal number", None, default);
+                default
+            }
+            Some(v) if v < lo => {
+                self.report(name, raw, "is below the minimum", Some((lo, "")), lo);
+                lo
+            }
+            Some(v) if v > hi => {
+                self.report(name, raw, "is above the maximum", Some((hi, why)), hi);
+                hi
+            }
+            Some(v) => v,
+        }
+    }
+
+    /// A switch: 0 is off, any other number on; anything else keeps the
+    /// default (reported).
+    fn flag(&mut self, name: &core::ffi::CStr, default: bool) -> bool {
+        let Some(raw) = (self.get)(name) else {
+            return default;
+        };
+        match parse_usize(raw) {
+            Some(v) => v != 0,
+            None => {
+                self.report(name, raw, "is not 0 or 1", None, default as usize);
+                default
+            }
+        }
+    }
+
+    /// One line: the variable, its value (cut at 64 bytes), what is wrong
+    /// with it (and the bound it crossed, with why that bound), the value used.
+    fn report(
+        &mut self,
+        name: &core::ffi::CStr,
+        raw: &[u8],
+        what: &str,
+        bound: Option<(usize, &str)>,
+        used: usize,
+    ) {
+        let mut b = crate::report::Buf::new();
+        b.str("canopy: ")
+            .bytes(name.to_bytes())
+            .str("=\"")
+            .bytes(&raw[..raw.len().min(64)])
+            .str(if raw.len() > 64 { "...\" " } else { "\" " })
+            .str(what);
+        if let Some((v, why)) = bound {
+            b.str(" ").dec(v).str(why);
+        }
+        b.str("; using ").dec(used).str("\n");
+        (self.warn)(b.as_bytes());
+    }
+}
+
+/// Parse a decimal number; `None` if empty, not all digits, or too large.
 pub(crate) fn parse_usize(bytes: &[u8]) -> Option<usize> {
     if bytes.is_empty() {
         return None;
@@ -117,5 +194,102 @@ mod tests {
         assert_eq!(parse_usize(b""), None);
         assert_eq!(parse_usize(b"12x"), None);
         assert_eq!(parse_usize(b"99999999999999999999999"), None);
+    }
+
+    /// The options read from `vars`, and the warnings printed.
+    fn read(vars: &[(&str, &str)]) -> (Options, String) {
+        let mut out = String::new();
+        let o = Options::from_lookup(
+            |name| {
+                vars.iter()
+                    .find(|(n, _)| n.as_bytes() == name.to_bytes())
+                    .map(|(_, v)| v.as_bytes())
+            },
+            |msg| out.push_str(core::str::from_utf8(msg).unwrap()),
+        );
+        (o, out)
+    }
+
+    #[test]
+    fn unset_variables_give_the_defaults_silently() {
+        assert_eq!(read(&[]), (Options::DEFAULT, String::new()));
+    }
+
+    #[test]
+    fn good_values_are_taken_silently() {
+        let (o, out) = read(&[
+            ("CANOPY_CHECK", "1"),
+            ("CANOPY_ARENA_GB", "16"),
+            ("CANOPY_RETAIN_MB", "8"),
+            ("CANOPY_DECAY_MS", "0"),
+            ("CANOPY_HEAP_RETAIN_PAGES", "5"),
+            ("CANOPY_REMOTE_BATCH", "128"),
+            ("CANOPY_HUGE_PAGES", "1"),
+            ("CANOPY_SOLO_UNLOCKED", "0"),
+            ("CANOPY_VERBOSE", "2"),
+        ]);
+        assert_eq!(out, "");
+        let want = Options {
+            check: true,
+            arena_gb: 16,
+            retain_bytes: 8 << 20,
+            decay_ms: 0,
+            heap_retain_pages: 5,
+            remote_batch: 128,
+            huge_pages: true,
+            solo_unlocked: false,
+            verbose: true,
+        };
+        assert_eq!(o, want);
+    }
+
+    #[test]
+    fn bad_values_are_reported_with_the_value_used() {
+        let (o, out) = read(&[
+            ("CANOPY_ARENA_GB", "abc"),
+            ("CANOPY_CHECK", "yes"),
+            ("CANOPY_REMOTE_BATCH", "0"),
+            ("CANOPY_HEAP_RETAIN_PAGES", "-1"),
+        ]);
+        assert_eq!(o.arena_gb, Options::DEFAULT.arena_gb);
+        assert_eq!(o.check, Options::DEFAULT.check);
+        assert_eq!(o.remote_batch, 1);
+        assert_eq!(o.heap_retain_pages, Options::DEFAULT.heap_retain_pages);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "canopy: CANOPY_CHECK=\"yes\" is not 0 or 1; using ".to_string()
+                    + if Options::DEFAULT.check { "1" } else { "0" },
+                "canopy: CANOPY_ARENA_GB=\"abc\" is not a decimal number; using 128".into(),
+                "canopy: CANOPY_HEAP_RETAIN_PAGES=\"-1\" is not a decimal number; using 2".into(),
+                "canopy: CANOPY_REMOTE_BATCH=\"0\" is below the minimum 1; using 1".into(),
+            ]
+        );
+    }
+
+    #[test]
+    fn out_of_range_values_are_clamped_and_reported() {
+        let (o, out) = read(&[("CANOPY_ARENA_GB", "100000000"), ("CANOPY_REMOTE_BATCH", "5000")]);
+        assert_eq!(o.arena_gb, 1 << 14);
+        assert_eq!(o.remote_batch, crate::heap::MAX_BATCH);
+        assert_eq!(
+            out,
+            format!(
+                "canopy: CANOPY_ARENA_GB=\"100000000\" is above the maximum 16384; using 16384\n\
+                 canopy: CANOPY_REMOTE_BATCH=\"5000\" is above the maximum {m} (the pointers a batch \
+                 block holds); using {m}\n",
+                m = crate::heap::MAX_BATCH
+            )
+        );
+    }
+
+    #[test]
+    fn a_long_value_is_cut_in_the_report() {
+        let long = "9".repeat(300);
+        let (o, out) = read(&[("CANOPY_DECAY_MS", &long)]);
+        assert_eq!(o.decay_ms, Options::DEFAULT.decay_ms);
+        assert!(out.starts_with(&format!("canopy: CANOPY_DECAY_MS=\"{}...\" is not a decimal number", &long[..64])), "{out}");
+        assert!(out.ends_with("; using 1000\n"), "{out}");
     }
 }

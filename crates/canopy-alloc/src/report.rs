@@ -46,7 +46,10 @@ impl Buf {
         Buf { bytes: [0; 256], len: 0 }
     }
     pub(crate) fn str(&mut self, s: &str) -> &mut Self {
-        for &b in s.as_bytes() {
+        self.bytes(s.as_bytes())
+    }
+    pub(crate) fn bytes(&mut self, s: &[u8]) -> &mut Self {
+        for &b in s {
             if self.len < self.bytes.len() {
                 self.bytes[self.len] = b;
                 self.len += 1;

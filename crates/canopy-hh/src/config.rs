@@ -7,6 +7,11 @@
 //! | `CANOPY_HH_GC_RATIO` | 2.0 | collect when the heap exceeds `max(min, (1 + ratio) x survived)`, survived = bytes after the last collection |
 //! | `CANOPY_HH_VERIFY` | 0 (1 in debug builds) | run the heap verifier after every collection |
 //! | `CANOPY_HH_GC` | 1 | 0 turns the collector off (heaps only grow; for measurements) |
+//!
+//! A value that is not a number, or is out of its range, is reported on
+//! stderr when the options are first read, e.g. `canopy-hh:
+//! CANOPY_HH_CHUNK_KB="100" is not a power of two from 8 to 1024; using 64`,
+//! and the option keeps its default.
 
 use std::sync::OnceLock;
 
@@ -27,17 +32,51 @@ pub struct Config {
 
 impl Config {
     fn from_env() -> Config {
-        fn num(name: &str) -> Option<f64> {
-            std::env::var(name).ok().and_then(|v| v.trim().parse::<f64>().ok())
-        }
-        let kb = num("CANOPY_HH_CHUNK_KB").map(|v| v as usize).unwrap_or(64);
-        let kb = if kb.is_power_of_two() { kb.clamp(8, 1024) } else { 64 };
+        Config::from_lookup(|name| std::env::var(name).ok(), |msg| eprintln!("{msg}"))
+    }
+
+    /// The options from `get` (the environment, or a test's table).  A
+    /// value that is not a number or is out of range is reported through
+    /// `warn` (the variable, its value, what is wrong, the value used) and
+    /// the option keeps its default.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>, mut warn: impl FnMut(&str)) -> Config {
+        let mut num = |name: &str, default: f64, ok: &dyn Fn(f64) -> bool, range: &str| -> f64 {
+            let Some(raw) = get(name) else {
+                return default;
+            };
+            match raw.trim().parse::<f64>() {
+                Ok(v) if v.is_finite() && ok(v) => v,
+                Ok(_) => {
+                    warn(&format!("canopy-hh: {name}=\"{raw}\" is not {range}; using {default}"));
+                    default
+                }
+                Err(_) => {
+                    warn(&format!("canopy-hh: {name}=\"{raw}\" is not a number; using {default}"));
+                    default
+                }
+            }
+        };
+        let kb = num(
+            "CANOPY_HH_CHUNK_KB",
+            64.0,
+            &|v| v.fract() == 0.0 && (8.0..=1024.0).contains(&v) && (v as usize).is_power_of_two(),
+            "a power of two from 8 to 1024",
+        ) as usize;
+        let gc_min_kb = num("CANOPY_HH_GC_MIN_KB", 4096.0, &|v| v >= 0.0, "zero or more");
+        let gc_ratio = num("CANOPY_HH_GC_RATIO", 2.0, &|v| v >= 0.0, "zero or more");
+        let verify = num(
+            "CANOPY_HH_VERIFY",
+            if cfg!(debug_assertions) { 1.0 } else { 0.0 },
+            &|_| true,
+            "",
+        ) != 0.0;
+        let gc = num("CANOPY_HH_GC", 1.0, &|_| true, "") != 0.0;
         Config {
             chunk_bytes: kb << 10,
-            gc_min_bytes: (num("CANOPY_HH_GC_MIN_KB").unwrap_or(4096.0).max(0.0) as usize) << 10,
-            gc_ratio: num("CANOPY_HH_GC_RATIO").unwrap_or(2.0).max(0.0),
-            verify: num("CANOPY_HH_VERIFY").map(|v| v != 0.0).unwrap_or(cfg!(debug_assertions)),
-            gc: num("CANOPY_HH_GC").map(|v| v != 0.0).unwrap_or(true),
+            gc_min_bytes: (gc_min_kb as usize) << 10,
+            gc_ratio,
+            verify,
+            gc,
         }
     }
 }
@@ -57,4 +96,61 @@ pub fn set_config(c: Config) -> bool {
         crate::chunk::init_mask();
     }
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(vars: &[(&str, &str)]) -> (Config, Vec<String>) {
+        let mut out = Vec::new();
+        let c = Config::from_lookup(
+            |name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string()),
+            |m| out.push(m.to_string()),
+        );
+        (c, out)
+    }
+
+    #[test]
+    fn good_values_are_taken_silently() {
+        let (c, out) = read(&[
+            ("CANOPY_HH_CHUNK_KB", "256"),
+            ("CANOPY_HH_GC_MIN_KB", "0"),
+            ("CANOPY_HH_GC_RATIO", " 0.5 "),
+            ("CANOPY_HH_VERIFY", "1"),
+            ("CANOPY_HH_GC", "0"),
+        ]);
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(c.chunk_bytes, 256 << 10);
+        assert_eq!(c.gc_min_bytes, 0);
+        assert_eq!(c.gc_ratio, 0.5);
+        assert!(c.verify);
+        assert!(!c.gc);
+    }
+
+    #[test]
+    fn bad_values_are_reported_and_keep_the_defaults() {
+        let (c, out) = read(&[
+            ("CANOPY_HH_CHUNK_KB", "100"),
+            ("CANOPY_HH_GC_MIN_KB", "-5"),
+            ("CANOPY_HH_GC_RATIO", "fast"),
+            ("CANOPY_HH_GC", "off"),
+        ]);
+        assert_eq!(c.chunk_bytes, 64 << 10);
+        assert_eq!(c.gc_min_bytes, 4096 << 10);
+        assert_eq!(c.gc_ratio, 2.0);
+        assert!(c.gc);
+        assert_eq!(
+            out,
+            [
+                "canopy-hh: CANOPY_HH_CHUNK_KB=\"100\" is not a power of two from 8 to 1024; using 64",
+                "canopy-hh: CANOPY_HH_GC_MIN_KB=\"-5\" is not zero or more; using 4096",
+                "canopy-hh: CANOPY_HH_GC_RATIO=\"fast\" is not a number; using 2",
+                "canopy-hh: CANOPY_HH_GC=\"off\" is not a number; using 1",
+            ]
+        );
+        let (c, out) = read(&[("CANOPY_HH_CHUNK_KB", "2048")]);
+        assert_eq!(c.chunk_bytes, 64 << 10);
+        assert_eq!(out.len(), 1, "{out:?}");
+    }
 }

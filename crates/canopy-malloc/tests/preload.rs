@@ -253,6 +253,8 @@ fn c_threads_with_cross_thread_frees() {
     for batch in ["1", "3", "1021", "100000"] {
         let out = run(Command::new(&exe).args(["4", &rounds]).env("CANOPY_REMOTE_BATCH", batch), false);
         expect_ok(&out, "threads ok", &format!("threads (CANOPY_REMOTE_BATCH={batch})"));
+        let clamped = text(&out.stderr).contains("CANOPY_REMOTE_BATCH=\"100000\" is above the maximum 1021");
+        assert_eq!(clamped, batch == "100000", "stderr: {}", text(&out.stderr));
     }
 }
 
@@ -314,6 +316,24 @@ fn verbose_mode_prints_statistics_at_exit() {
     expect_ok(&out, "api ok", "api (verbose)");
     let err = text(&out.stderr);
     assert!(err.contains("canopy statistics") && err.contains("allocations"), "stderr: {err}");
+}
+
+#[test]
+fn bad_option_values_are_reported_and_the_program_runs() {
+    let exe = compile("api");
+    let out = run(
+        Command::new(&exe).env("CANOPY_REMOTE_BATCH", "lots").env("CANOPY_ARENA_GB", "99999"),
+        false,
+    );
+    expect_ok(&out, "api ok", "api (bad options)");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("canopy: CANOPY_REMOTE_BATCH=\"lots\" is not a decimal number; using 32\n")
+            && err.contains("canopy: CANOPY_ARENA_GB=\"99999\" is above the maximum 16384; using 16384\n"),
+        "stderr: {err}"
+    );
+    // Reported once, when the allocator starts.
+    assert_eq!(err.matches("CANOPY_REMOTE_BATCH").count(), 1, "stderr: {err}");
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //!
 //! - Counting threads start on the first use of a [`Delegated`] array; their
 //!   number is fixed then: [`set_counting_threads`] before first use, else
-//!   `CANOPY_RC_COUNTERS`, else 1.  An object's counting thread is a fixed
+//!   `CANOPY_RC_COUNTERS` (1 to 1024; another value is reported on stderr),
+//!   else 1.  An object's counting thread is a fixed
 //!   function of its address.
 //! - `clone` makes the object the calling thread's *pending increment* for
 //!   that counting thread (a plain store to a word the counting thread can
@@ -86,10 +87,7 @@ fn domain() -> &'static Arc<Domain> {
     DOMAIN.get_or_init(|| {
         let mut n = REQUESTED.load(Ordering::Relaxed);
         if n == 0 {
-            n = std::env::var("CANOPY_RC_COUNTERS")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(1);
+            n = counters_from(std::env::var("CANOPY_RC_COUNTERS").ok().as_deref(), |m| eprintln!("{m}"));
         }
         let d = Arc::new(Domain::new(n.max(1)));
         EPOCH.get_or_init(Instant::now);
@@ -103,6 +101,24 @@ fn domain() -> &'static Arc<Domain> {
         }
         d
     })
+}
+
+/// The number of counting threads `CANOPY_RC_COUNTERS` asks for: 1 when
+/// unset; a value that is not a whole number from 1 to 1024 is reported
+/// through `warn` and 1 is used.
+fn counters_from(v: Option<&str>, warn: impl FnOnce(&str)) -> usize {
+    let Some(raw) = v else {
+        return 1;
+    };
+    match raw.trim().parse::<usize>() {
+        Ok(n) if (1..=1024).contains(&n) => n,
+        _ => {
+            warn(&format!(
+                "canopy-rc: CANOPY_RC_COUNTERS=\"{raw}\" is not a whole number from 1 to 1024; using 1"
+            ));
+            1
+        }
+    }
 }
 
 thread_local! {
@@ -379,5 +395,27 @@ fn counting_thread(d: Arc<Domain>, i: usize) {
             c.sleeping.store(false, Ordering::SeqCst);
             idle = 1_900;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::counters_from;
+
+    #[test]
+    fn counting_threads_from_the_environment() {
+        let mut warned = Vec::new();
+        assert_eq!(counters_from(None, |m| warned.push(m.to_string())), 1);
+        assert_eq!(counters_from(Some(" 3 "), |m| warned.push(m.to_string())), 3);
+        assert!(warned.is_empty(), "{warned:?}");
+        assert_eq!(counters_from(Some("two"), |m| warned.push(m.to_string())), 1);
+        assert_eq!(counters_from(Some("0"), |m| warned.push(m.to_string())), 1);
+        assert_eq!(
+            warned,
+            [
+                "canopy-rc: CANOPY_RC_COUNTERS=\"two\" is not a whole number from 1 to 1024; using 1",
+                "canopy-rc: CANOPY_RC_COUNTERS=\"0\" is not a whole number from 1 to 1024; using 1",
+            ]
+        );
     }
 }
