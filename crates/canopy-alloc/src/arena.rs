@@ -194,7 +194,7 @@ const BITMAP_SKEW: usize = 256;
 const _: () = assert!(MAX_UNITS * BITMAP_STRIDE + BITMAP_SKEW <= (1 << 30) + TABLE_SKEW);
 const _: () = assert!(BITMAP_STRIDE == 64 * 8); // the free fast path indexes words as `idx * 64 + w`
 
-/// What [`ARENA_BASE`] holds until the arena is reserved: the base of a
+/// What `ARENA_BASE` holds until the arena is reserved: the base of a
 /// would-be arena at the very top of the address space (kernel addresses, no
 /// program's pointer), so that `p - base` of every pointer a program can
 /// pass, null included, is at least `MAX_UNITS` units and the fast paths'

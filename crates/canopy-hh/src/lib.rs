@@ -88,7 +88,7 @@
 //! remembered set reach into fresh chunks; other tasks keep running. A task
 //! that is the first child of its fork also collects the ancestors' heaps no
 //! other task can reach at the time (the fork's second child waits to start). See
-//! [`config`] for the options and [`Stats`] for the counters. The verifier
+//! [`config()`] for the options and [`Stats`] for the counters. The verifier
 //! (on in debug builds, or with `CANOPY_HH_VERIFY=1`) checks every pointer
 //! after each collection.
 

@@ -630,7 +630,7 @@ pub fn fits(who: &str, sz: &Sizes) -> bool {
     }
 }
 
-/// The child process's side: a fresh [`Bench`], one unrecorded warm-up
+/// The child process's side: a fresh `Bench`, one unrecorded warm-up
 /// round of the contender, then `rounds` measured ones; returns them as one
 /// JSON line (an array of [`Measure`]).
 pub fn child_main(a: &ChildArgs) -> Result<String> {
