@@ -18,6 +18,9 @@
 //! `canopy: CANOPY_ARENA_GB="abc" is not a decimal number; using 128`; the
 //! option keeps its default, or the nearest bound.  Switches take 0 (off) or
 //! any other number (on).
+//! A `CANOPY_` variable that is not one of these but one or two typing slips
+//! from one (`CANOPY_CHEK`) is reported with the name it probably meant; other
+//! `CANOPY_` names (other layers', a program's own) are left alone.
 
 use canopy_sys::getenv;
 
@@ -62,6 +65,7 @@ impl Options {
     /// decimal number, or is out of range, is reported on stderr with the
     /// value used instead (see [`Options::from_lookup`]).
     pub fn from_env() -> Options {
+        canopy_sys::for_each_env(|entry| report_misspelling(entry, &mut canopy_sys::write_stderr));
         Options::from_lookup(getenv, canopy_sys::write_stderr)
     }
 
@@ -96,6 +100,83 @@ impl Options {
             verbose: r.flag(c"CANOPY_VERBOSE", d.verbose),
         }
     }
+}
+
+/// The allocator's variables (the table above).
+const NAMES: [&str; 9] = [
+    "CANOPY_CHECK",
+    "CANOPY_ARENA_GB",
+    "CANOPY_RETAIN_MB",
+    "CANOPY_DECAY_MS",
+    "CANOPY_HEAP_RETAIN_PAGES",
+    "CANOPY_REMOTE_BATCH",
+    "CANOPY_HUGE_PAGES",
+    "CANOPY_SOLO_UNLOCKED",
+    "CANOPY_VERBOSE",
+];
+
+/// Prefixes of the other layers' variables, never taken for misspellings.
+const OTHER_LAYERS: [&str; 3] = ["CANOPY_HH_", "CANOPY_RC_", "CANOPY_REGION_"];
+
+/// If the environment entry `entry` (`NAME=value`) is a `CANOPY_` variable
+/// that is not one of the allocator's but is one or two typing slips away
+/// from one (`CANOPY_CHEK`, `CANOPY_VERBOS`, `CANOPY_ARENA_GIB`), report it
+/// through `warn` with the name it probably meant: such a variable would
+/// otherwise be ignored without a word.  Other `CANOPY_` names (other
+/// layers', the test harness's, a program's own) are left alone.
+pub fn report_misspelling(entry: &[u8], warn: &mut impl FnMut(&[u8])) {
+    let name = entry.split(|&b| b == b'=').next().unwrap_or(entry);
+    if !name.starts_with(b"CANOPY_")
+        || NAMES.iter().any(|n| n.as_bytes() == name)
+        || OTHER_LAYERS.iter().any(|p| name.starts_with(p.as_bytes()))
+    {
+        return;
+    }
+    let tail = &name[7..];
+    let best = NAMES
+        .iter()
+        .map(|n| (edit_distance(tail, &n.as_bytes()[7..]), n))
+        .min_by_key(|(d, _)| *d);
+    if let Some((d, meant)) = best {
+        // One slip in a short name, two in a longer one.
+        if d <= if tail.len() >= 6 { 2 } else { 1 } {
+            let mut b = crate::report::Buf::new();
+            b.str("canopy: ")
+                .bytes(&name[..name.len().min(64)])
+                .str(" is not an option of the allocator and is ignored; did you mean ")
+                .str(meant)
+                .str("?\n");
+            warn(b.as_bytes());
+        }
+    }
+}
+
+/// Edit distance (insertions, deletions, substitutions and swaps of two
+/// neighbours, each 1) between two names, without allocating; names longer
+/// than 31 bytes count as far from everything.
+fn edit_distance(a: &[u8], b: &[u8]) -> usize {
+    const M: usize = 32;
+    if a.len() >= M || b.len() >= M {
+        return usize::MAX;
+    }
+    // Three rows of the table: i - 2, i - 1 and i.
+    let mut rows = [[0usize; M]; 3];
+    for (j, c) in rows[0].iter_mut().enumerate().take(b.len() + 1) {
+        *c = j;
+    }
+    for i in 1..=a.len() {
+        let (cur, prev, prev2) = (i % 3, (i + 2) % 3, (i + 1) % 3);
+        rows[cur][0] = i;
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut v = (rows[prev][j] + 1).min(rows[cur][j - 1] + 1).min(rows[prev][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                v = v.min(rows[prev2][j - 2] + 1);
+            }
+            rows[cur][j] = v;
+        }
+    }
+    rows[a.len() % 3][b.len()]
 }
 
 /// Reads variables for [`Options::from_lookup`] and reports bad values.
@@ -282,6 +363,60 @@ mod tests {
                 m = crate::heap::MAX_BATCH
             )
         );
+    }
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance(b"CHECK", b"CHECK"), 0);
+        assert_eq!(edit_distance(b"CHEK", b"CHECK"), 1);
+        assert_eq!(edit_distance(b"CHCEK", b"CHECK"), 1);
+        assert_eq!(edit_distance(b"ARENA_GIB", b"ARENA_GB"), 1);
+        assert_eq!(edit_distance(b"", b"ABC"), 3);
+        assert_eq!(edit_distance(b"KITTEN", b"SITTING"), 3);
+        assert_eq!(edit_distance(&[b'A'; 40], b"A"), usize::MAX);
+    }
+
+    fn misspelling(entry: &str) -> String {
+        let mut out = String::new();
+        report_misspelling(entry.as_bytes(), &mut |m: &[u8]| {
+            out.push_str(core::str::from_utf8(m).unwrap())
+        });
+        out
+    }
+
+    #[test]
+    fn near_misses_of_option_names_are_reported() {
+        assert_eq!(
+            misspelling("CANOPY_CHEK=1"),
+            "canopy: CANOPY_CHEK is not an option of the allocator and is ignored; did you mean CANOPY_CHECK?\n"
+        );
+        assert!(misspelling("CANOPY_VERBOS=1").ends_with("did you mean CANOPY_VERBOSE?\n"));
+        assert!(misspelling("CANOPY_ARENA_GIB=4").ends_with("did you mean CANOPY_ARENA_GB?\n"));
+        assert!(misspelling("CANOPY_REMOTE_BATHC=8").ends_with("did you mean CANOPY_REMOTE_BATCH?\n"));
+    }
+
+    #[test]
+    fn other_canopy_names_are_left_alone() {
+        for e in [
+            "CANOPY_CHECK=1",
+            "CANOPY_VERBOSE=1",
+            "CANOPY_HH_GC=0",
+            "CANOPY_HH_CHECK=1",
+            "CANOPY_RC_COUNTERS=2",
+            "CANOPY_REGION_SLAB=64K",
+            "CANOPY_STRESS_SCALE=20",
+            "CANOPY_PROPTEST_CASES=2000",
+            "CANOPY_MALLOC_LIB=/x",
+            "CANOPY_BENCH_CACHE=/y",
+            "CANOPY_SAC_RS_DIR=/z",
+            "CANOPY_TEST_VAR=1",
+            "CANOPY_X=1",
+            "CANOPY_=1",
+            "CANOPY",
+            "PATH=/bin",
+        ] {
+            assert_eq!(misspelling(e), "", "{e}");
+        }
     }
 
     #[test]

@@ -322,14 +322,21 @@ fn verbose_mode_prints_statistics_at_exit() {
 fn bad_option_values_are_reported_and_the_program_runs() {
     let exe = compile("api");
     let out = run(
-        Command::new(&exe).env("CANOPY_REMOTE_BATCH", "lots").env("CANOPY_ARENA_GB", "99999"),
+        Command::new(&exe)
+            .env("CANOPY_REMOTE_BATCH", "lots")
+            .env("CANOPY_ARENA_GB", "99999")
+            .env("CANOPY_VERBOS", "1"),
         false,
     );
     expect_ok(&out, "api ok", "api (bad options)");
     let err = text(&out.stderr);
     assert!(
         err.contains("canopy: CANOPY_REMOTE_BATCH=\"lots\" is not a decimal number; using 32\n")
-            && err.contains("canopy: CANOPY_ARENA_GB=\"99999\" is above the maximum 16384; using 16384\n"),
+            && err.contains("canopy: CANOPY_ARENA_GB=\"99999\" is above the maximum 16384; using 16384\n")
+            && err.contains(
+                "canopy: CANOPY_VERBOS is not an option of the allocator and is ignored; \
+                 did you mean CANOPY_VERBOSE?\n"
+            ),
         "stderr: {err}"
     );
     // Reported once, when the allocator starts.

@@ -211,6 +211,31 @@ pub fn getenv(name: &core::ffi::CStr) -> Option<&'static [u8]> {
     Some(unsafe { core::ffi::CStr::from_ptr(p) }.to_bytes())
 }
 
+extern "C" {
+    /// The process's environment (POSIX), a null-terminated array of
+    /// `NAME=value` strings.
+    static environ: *const *const libc::c_char;
+}
+
+/// Call `f` with each `NAME=value` entry of the environment (the bytes,
+/// without the NUL), without allocating.
+pub fn for_each_env(mut f: impl FnMut(&[u8])) {
+    // SAFETY: `environ` is the C library's environment array: null or a
+    // null-terminated array of NUL-terminated strings, which is what is
+    // read here (as `getenv` does; a concurrent `setenv` is the caller's
+    // race, as with `getenv`).
+    unsafe {
+        let mut e = environ;
+        if e.is_null() {
+            return;
+        }
+        while !(*e).is_null() {
+            f(core::ffi::CStr::from_ptr(*e).to_bytes());
+            e = e.add(1);
+        }
+    }
+}
+
 /// Write bytes to standard error with `write(2)`, without allocating.
 pub fn write_stderr(bytes: &[u8]) {
     let mut rest = bytes;
@@ -346,6 +371,11 @@ mod tests {
         std::env::set_var("CANOPY_SYS_TEST_VAR", "42");
         assert_eq!(getenv(c"CANOPY_SYS_TEST_VAR"), Some(&b"42"[..]));
         assert_eq!(getenv(c"CANOPY_SYS_TEST_VAR_MISSING"), None);
+        // The same variable, found by walking the environment (in this test:
+        // the only one of the crate that changes the environment).
+        let mut seen = 0;
+        for_each_env(|e| seen += usize::from(e == b"CANOPY_SYS_TEST_VAR=42"));
+        assert_eq!(seen, 1);
     }
 
     #[test]
