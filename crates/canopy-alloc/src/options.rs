@@ -132,23 +132,30 @@ pub fn report_misspelling(entry: &[u8], warn: &mut impl FnMut(&[u8])) {
     {
         return;
     }
-    let tail = &name[7..];
-    let best = NAMES
-        .iter()
-        .map(|n| (edit_distance(tail, &n.as_bytes()[7..]), n))
-        .min_by_key(|(d, _)| *d);
-    if let Some((d, meant)) = best {
-        // One slip in a short name, two in a longer one.
-        if d <= if tail.len() >= 6 { 2 } else { 1 } {
-            let mut b = crate::report::Buf::new();
-            b.str("canopy: ")
-                .bytes(&name[..name.len().min(64)])
-                .str(" is not an option of the allocator and is ignored; did you mean ")
-                .str(meant)
-                .str("?\n");
-            warn(b.as_bytes());
-        }
+    if let Some(meant) = nearest_name(name, 7, &NAMES) {
+        let mut b = crate::report::Buf::new();
+        b.str("canopy: ")
+            .bytes(&name[..name.len().min(64)])
+            .str(" is not an option of the allocator and is ignored; did you mean ")
+            .str(meant)
+            .str("?\n");
+        warn(b.as_bytes());
     }
+}
+
+/// The name of `known` that `name` is most likely a misspelling of: the
+/// nearest by edit distance, comparing what follows the first `skip` bytes
+/// (a shared prefix such as `CANOPY_`), if it is one typing slip away (two
+/// when that part has six bytes or more).  `None` for a name in `known` or
+/// far from all of them.  For the other layers' checks of their own
+/// variables, too.  Never allocates.
+pub fn nearest_name<'k>(name: &[u8], skip: usize, known: &[&'k str]) -> Option<&'k str> {
+    let tail = name.get(skip..)?;
+    let (d, best) = known
+        .iter()
+        .filter_map(|k| Some((edit_distance(tail, k.as_bytes().get(skip..)?), *k)))
+        .min_by_key(|(d, _)| *d)?;
+    (d > 0 && d <= if tail.len() >= 6 { 2 } else { 1 }).then_some(best)
 }
 
 /// Edit distance (insertions, deletions, substitutions and swaps of two
@@ -393,6 +400,16 @@ mod tests {
         assert!(misspelling("CANOPY_VERBOS=1").ends_with("did you mean CANOPY_VERBOSE?\n"));
         assert!(misspelling("CANOPY_ARENA_GIB=4").ends_with("did you mean CANOPY_ARENA_GB?\n"));
         assert!(misspelling("CANOPY_REMOTE_BATHC=8").ends_with("did you mean CANOPY_REMOTE_BATCH?\n"));
+    }
+
+    #[test]
+    fn nearest_names() {
+        let known = ["CANOPY_HH_GC", "CANOPY_HH_GC_RATIO", "CANOPY_HH_CHUNK_KB"];
+        assert_eq!(nearest_name(b"CANOPY_HH_GC_RATO", 10, &known), Some("CANOPY_HH_GC_RATIO"));
+        assert_eq!(nearest_name(b"CANOPY_HH_CG", 10, &known), Some("CANOPY_HH_GC"));
+        assert_eq!(nearest_name(b"CANOPY_HH_GC", 10, &known), None);
+        assert_eq!(nearest_name(b"CANOPY_HH_VERBOSE", 10, &known), None);
+        assert_eq!(nearest_name(b"CANOPY", 10, &known), None);
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! A value that is not a number, or is out of its range, is reported on
 //! stderr when the options are first read, e.g. `canopy-hh:
 //! CANOPY_HH_CHUNK_KB="100" is not a power of two from 8 to 1024; using 64`,
-//! and the option keeps its default.
+//! and the option keeps its default.  A `CANOPY_HH_` variable that is none
+//! of these is reported too, with the option it probably meant.
 
 use std::sync::OnceLock;
 
@@ -32,6 +33,11 @@ pub struct Config {
 
 impl Config {
     fn from_env() -> Config {
+        for (name, _) in std::env::vars_os() {
+            if let Some(msg) = unknown_name(name.as_encoded_bytes()) {
+                eprintln!("{msg}");
+            }
+        }
         Config::from_lookup(|name| std::env::var(name).ok(), |msg| eprintln!("{msg}"))
     }
 
@@ -81,6 +87,34 @@ impl Config {
     }
 }
 
+/// Every `CANOPY_HH_` variable: the options above, and the switch the
+/// entanglement test sets in its child process.
+const NAMES: [&str; 6] = [
+    "CANOPY_HH_CHUNK_KB",
+    "CANOPY_HH_GC_MIN_KB",
+    "CANOPY_HH_GC_RATIO",
+    "CANOPY_HH_VERIFY",
+    "CANOPY_HH_GC",
+    "CANOPY_HH_ENTANGLE_CHILD",
+];
+
+/// The report for a variable `name` in the `CANOPY_HH_` namespace that is
+/// none of [`NAMES`] (with the name it probably meant, if one is close);
+/// `None` for any other name.
+fn unknown_name(name: &[u8]) -> Option<String> {
+    if !name.starts_with(b"CANOPY_HH_") || NAMES.iter().any(|n| n.as_bytes() == name) {
+        return None;
+    }
+    let name_text = String::from_utf8_lossy(name);
+    Some(match canopy_alloc::options::nearest_name(name, 10, &NAMES) {
+        Some(meant) => format!("canopy-hh: {name_text} is not an option and is ignored; did you mean {meant}?"),
+        None => format!(
+            "canopy-hh: {name_text} is not an option and is ignored (the options: {})",
+            NAMES[..5].join(", ")
+        ),
+    })
+}
+
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
 /// The options, read from the environment on first use.
@@ -109,6 +143,19 @@ mod tests {
             |m| out.push(m.to_string()),
         );
         (c, out)
+    }
+
+    #[test]
+    fn unknown_names_in_the_namespace_are_reported() {
+        assert_eq!(
+            unknown_name(b"CANOPY_HH_GC_RATO").as_deref(),
+            Some("canopy-hh: CANOPY_HH_GC_RATO is not an option and is ignored; did you mean CANOPY_HH_GC_RATIO?")
+        );
+        let far = unknown_name(b"CANOPY_HH_THREADS").unwrap();
+        assert!(far.starts_with("canopy-hh: CANOPY_HH_THREADS is not an option and is ignored (the options: CANOPY_HH_CHUNK_KB,"), "{far}");
+        for ok in ["CANOPY_HH_GC", "CANOPY_HH_ENTANGLE_CHILD", "CANOPY_CHECK", "CANOPY_HHX", "PATH"] {
+            assert_eq!(unknown_name(ok.as_bytes()), None, "{ok}");
+        }
     }
 
     #[test]

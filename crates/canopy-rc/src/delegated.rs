@@ -3,7 +3,8 @@
 //!
 //! - Counting threads start on the first use of a [`Delegated`] array; their
 //!   number is fixed then: [`set_counting_threads`] before first use, else
-//!   `CANOPY_RC_COUNTERS` (1 to 1024; another value is reported on stderr),
+//!   `CANOPY_RC_COUNTERS` (1 to 1024; another value, or another
+//!   `CANOPY_RC_` name, is reported on stderr),
 //!   else 1.  An object's counting thread is a fixed
 //!   function of its address.
 //! - `clone` makes the object the calling thread's *pending increment* for
@@ -89,6 +90,11 @@ fn domain() -> &'static Arc<Domain> {
         if n == 0 {
             n = counters_from(std::env::var("CANOPY_RC_COUNTERS").ok().as_deref(), |m| eprintln!("{m}"));
         }
+        for (name, _) in std::env::vars_os() {
+            if let Some(msg) = unknown_name(name.as_encoded_bytes()) {
+                eprintln!("{msg}");
+            }
+        }
         let d = Arc::new(Domain::new(n.max(1)));
         EPOCH.get_or_init(Instant::now);
         for i in 0..d.counters.len() {
@@ -119,6 +125,24 @@ fn counters_from(v: Option<&str>, warn: impl FnOnce(&str)) -> usize {
             1
         }
     }
+}
+
+/// Every `CANOPY_RC_` variable: the option, and the switch of the loom
+/// models' deep setting.
+const NAMES: [&str; 2] = ["CANOPY_RC_COUNTERS", "CANOPY_RC_LOOM_DEEP"];
+
+/// The report for a variable `name` in the `CANOPY_RC_` namespace that is
+/// none of [`NAMES`] (with the name it probably meant, if one is close);
+/// `None` for any other name.
+fn unknown_name(name: &[u8]) -> Option<String> {
+    if !name.starts_with(b"CANOPY_RC_") || NAMES.iter().any(|n| n.as_bytes() == name) {
+        return None;
+    }
+    let text = String::from_utf8_lossy(name);
+    Some(match canopy_alloc::options::nearest_name(name, 10, &NAMES) {
+        Some(meant) => format!("canopy-rc: {text} is not an option and is ignored; did you mean {meant}?"),
+        None => format!("canopy-rc: {text} is not an option and is ignored (the option: CANOPY_RC_COUNTERS)"),
+    })
 }
 
 thread_local! {
@@ -400,7 +424,22 @@ fn counting_thread(d: Arc<Domain>, i: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::counters_from;
+    use super::{counters_from, unknown_name};
+
+    #[test]
+    fn unknown_names_in_the_namespace_are_reported() {
+        assert_eq!(
+            unknown_name(b"CANOPY_RC_COUNTER").as_deref(),
+            Some("canopy-rc: CANOPY_RC_COUNTER is not an option and is ignored; did you mean CANOPY_RC_COUNTERS?")
+        );
+        assert_eq!(
+            unknown_name(b"CANOPY_RC_THREADS").as_deref(),
+            Some("canopy-rc: CANOPY_RC_THREADS is not an option and is ignored (the option: CANOPY_RC_COUNTERS)")
+        );
+        for ok in ["CANOPY_RC_COUNTERS", "CANOPY_RC_LOOM_DEEP", "CANOPY_CHECK", "HOME"] {
+            assert_eq!(unknown_name(ok.as_bytes()), None, "{ok}");
+        }
+    }
 
     #[test]
     fn counting_threads_from_the_environment() {
