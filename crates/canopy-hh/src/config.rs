@@ -74,9 +74,9 @@ impl Config {
             "CANOPY_HH_VERIFY",
             if cfg!(debug_assertions) { 1.0 } else { 0.0 },
             &|_| true,
-            "",
+            "a finite number",
         ) != 0.0;
-        let gc = num("CANOPY_HH_GC", 1.0, &|_| true, "") != 0.0;
+        let gc = num("CANOPY_HH_GC", 1.0, &|_| true, "a finite number") != 0.0;
         Config {
             chunk_bytes: kb << 10,
             gc_min_bytes: (gc_min_kb as usize) << 10,
@@ -196,6 +196,9 @@ mod tests {
                 "canopy-hh: CANOPY_HH_GC=\"off\" is not a number; using 1",
             ]
         );
+        let (c, out) = read(&[("CANOPY_HH_GC", "inf")]);
+        assert!(c.gc);
+        assert_eq!(out, ["canopy-hh: CANOPY_HH_GC=\"inf\" is not a finite number; using 1"]);
         let (c, out) = read(&[("CANOPY_HH_CHUNK_KB", "2048")]);
         assert_eq!(c.chunk_bytes, 64 << 10);
         assert_eq!(out.len(), 1, "{out:?}");
