@@ -302,6 +302,93 @@ impl Stats {
     }
 }
 
+/// The snapshot in glibc's `struct mallinfo2` layout (what `mallinfo2()`
+/// returns under `libcanopy_malloc`).  Canopy maps no region per request,
+/// so large chunks (above `MEDIUM_MAX`, taken from the global heap) stand
+/// where glibc reports mmapped chunks; everything else is "the arena":
+///
+/// - `arena`: committed bytes not in large chunks (`committed_bytes -
+///   large_bytes`);
+/// - `uordblks`: bytes in small and medium blocks in use (`in_use_bytes -
+///   large_bytes`), `fordblks`: `arena - uordblks` (free but committed);
+/// - `hblks`, `hblkhd`: large chunks in use and their bytes;
+/// - `ordblks`, `smblks`, `fsmblks`, `usmblks`, `keepcost`: 0 (glibc's free
+///   chunk lists, fastbins and top chunk have no counterpart here; glibc
+///   itself always reports `usmblks` as 0).
+///
+/// So `uordblks + hblkhd` is the memory the program holds and `arena +
+/// hblkhd` what Canopy has committed for it, as with glibc.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mallinfo2 {
+    /// Committed bytes outside large chunks.
+    pub arena: usize,
+    /// Free chunks (0: no counterpart).
+    pub ordblks: usize,
+    /// Free fastbin blocks (0: no counterpart).
+    pub smblks: usize,
+    /// Large chunks in use.
+    pub hblks: usize,
+    /// Bytes in large chunks in use.
+    pub hblkhd: usize,
+    /// Always 0 (as in glibc).
+    pub usmblks: usize,
+    /// Bytes in free fastbin blocks (0: no counterpart).
+    pub fsmblks: usize,
+    /// Bytes in small and medium blocks in use.
+    pub uordblks: usize,
+    /// Committed bytes outside large chunks that no block uses.
+    pub fordblks: usize,
+    /// Releasable top-most space (0: no counterpart).
+    pub keepcost: usize,
+}
+
+impl Stats {
+    /// This snapshot as glibc's `mallinfo2` (see [`Mallinfo2`]).
+    pub fn mallinfo2(&self) -> Mallinfo2 {
+        let large = self.large_bytes as usize;
+        let arena = (self.committed_bytes as usize).saturating_sub(large);
+        let used = (self.in_use_bytes as usize).saturating_sub(large).min(arena);
+        Mallinfo2 {
+            arena,
+            hblks: self.large_allocs.saturating_sub(self.large_frees) as usize,
+            hblkhd: large,
+            uordblks: used,
+            fordblks: arena - used,
+            ..Mallinfo2::default()
+        }
+    }
+
+    /// Write the snapshot as the XML document of glibc's `malloc_info`
+    /// (no allocation): `<total>` elements for the bytes in use and in large
+    /// chunks, then the figures of [`write_json`](Self::write_json), one
+    /// `<figure name= value=>` each, and one `<class>` per size class in use.
+    pub fn write_xml(&self, out: &mut dyn FnMut(&[u8])) {
+        out(b"<malloc version=\"1\" allocator=\"canopy\">\n");
+        let m = self.mallinfo2();
+        let mut b = Buf::new();
+        b.str("<total type=\"in_use\" size=\"").dec(self.in_use_bytes as usize).str("\"/>\n");
+        b.str("<total type=\"large\" count=\"").dec(m.hblks).str("\" size=\"").dec(m.hblkhd).str("\"/>\n");
+        out(b.as_bytes());
+        for (k, v) in self.rows() {
+            let mut b = Buf::new();
+            b.str("<figure name=\"").str(k).str("\" value=\"").dec(v as usize).str("\"/>\n");
+            out(b.as_bytes());
+        }
+        for (c, cs) in self.classes.iter().enumerate() {
+            if cs.blocks_in_use == 0 && cs.slabs == 0 {
+                continue;
+            }
+            let mut b = Buf::new();
+            b.str("<class nr=\"").dec(c).str("\" block_size=\"").dec(cs.block_size);
+            b.str("\" blocks_in_use=\"").dec(cs.blocks_in_use as usize).str("\" bytes_in_use=\"").dec(cs.bytes_in_use as usize);
+            b.str("\" slabs=\"").dec(cs.slabs as usize).str("\"/>\n");
+            out(b.as_bytes());
+        }
+        out(b"</malloc>\n");
+    }
+}
+
 /// Write the snapshot as a text table through `out` (no allocation).
 pub fn write_table(s: &Stats, out: &mut dyn FnMut(&[u8])) {
     out(b"canopy statistics\n");

@@ -430,6 +430,42 @@ fn stats_report_in_use_and_classes() {
 }
 
 #[test]
+fn mallinfo2_and_xml_views_of_the_statistics() {
+    let _g = serial();
+    let m0 = stats::snapshot().mallinfo2();
+    let medium = alloc(100_000);
+    let large = alloc(8 << 20);
+    assert!(!medium.is_null() && !large.is_null());
+    fill(large, 8 << 20, 7);
+    let s = stats::snapshot();
+    let m = s.mallinfo2();
+    // The identities glibc's callers rely on.
+    assert_eq!(m.uordblks + m.fordblks, m.arena);
+    assert_eq!(m.uordblks + m.hblkhd, s.in_use_bytes as usize);
+    assert_eq!(m.arena + m.hblkhd, s.committed_bytes as usize);
+    assert_eq!(m.hblkhd, s.large_bytes as usize);
+    assert_eq!((m.ordblks, m.smblks, m.usmblks, m.fsmblks, m.keepcost), (0, 0, 0, 0, 0));
+    // The two blocks are counted where they belong.
+    assert!(m.hblks > m0.hblks && m.hblkhd >= m0.hblkhd + (8 << 20), "{m0:?} -> {m:?}");
+    assert!(m.uordblks >= m0.uordblks + 100_000, "{m0:?} -> {m:?}");
+    let mut xml = Vec::new();
+    s.write_xml(&mut |b| xml.extend_from_slice(b));
+    let xml = String::from_utf8(xml).unwrap();
+    assert!(xml.starts_with("<malloc version=\"1\" allocator=\"canopy\">\n") && xml.ends_with("</malloc>\n"), "{xml}");
+    assert!(xml.contains(&format!("<total type=\"large\" count=\"{}\" size=\"{}\"/>", m.hblks, m.hblkhd)), "{xml}");
+    assert!(xml.contains(&format!("<figure name=\"committed_bytes\" value=\"{}\"/>", s.committed_bytes)), "{xml}");
+    assert!(xml.contains("<class nr=\""), "{xml}");
+    // Every element is closed on its line.
+    assert!(xml.lines().skip(1).take_while(|l| *l != "</malloc>").all(|l| l.starts_with('<') && l.ends_with("/>")), "{xml}");
+    unsafe {
+        free(large);
+        free(medium);
+    }
+    let m1 = stats::snapshot().mallinfo2();
+    assert!(m1.hblkhd + (8 << 20) <= m.hblkhd, "{m:?} -> {m1:?}");
+}
+
+#[test]
 fn stats_count_blocks_the_fast_path_took_before_its_cursor_moved() {
     let _g = serial();
     // The fast path counts in the class's cursor and settles into the

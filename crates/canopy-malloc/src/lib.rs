@@ -4,6 +4,8 @@
 //! `-lcanopy_malloc` or run any program on Canopy with
 //! `LD_PRELOAD=target/release/libcanopy_malloc.so program`.  `include/canopy.h`
 //! declares the rich interface (`canopy_alloc_class`, `canopy_free_sized`, ...).
+//! glibc's extensions (`mallinfo2`, `malloc_stats`, `malloc_info`, `mallopt`,
+//! the `__libc_*` entry points) answer for Canopy too (module `glibc`).
 //!
 //! Errors follow C: null with `errno = ENOMEM` on exhaustion or overflow
 //! (calloc's and reallocarray's multiplications included, and alignments
@@ -11,6 +13,7 @@
 //! the allocator paths do not panic.
 #![deny(missing_docs)]
 
+mod glibc;
 mod region;
 
 use canopy_alloc::SizeClass;

@@ -147,6 +147,23 @@ fn c_api_default_and_check_mode() {
     }
 }
 
+/// glibc's extensions answer for Canopy under `LD_PRELOAD`: `mallinfo2` and
+/// `mallinfo` count Canopy's blocks, `malloc_info` writes its XML,
+/// `malloc_stats` its table, `mallopt` changes nothing (0), and blocks pass
+/// between the `__libc_*` names and malloc/free (check mode would abort on
+/// a foreign block).
+#[test]
+fn glibc_extensions_answer_for_canopy() {
+    let exe = compile("glibcext");
+    for check in [false, true] {
+        let out = run(&mut Command::new(&exe), check);
+        expect_ok(&out, "glibcext ok", &format!("glibcext (check={check})"));
+        let err = text(&out.stderr);
+        assert!(err.contains("canopy statistics") && err.contains("in_use_bytes"), "malloc_stats printed no Canopy table: {err}");
+        assert!(!err.contains("was refused") && !err.contains("not allocated by Canopy"), "a block crossed allocators: {err}");
+    }
+}
+
 #[test]
 fn c_region_api_linked() {
     let exe = compile_linked("regions");
