@@ -16,9 +16,21 @@ pub(crate) static UNLOCKED_ENTRIES: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static SOLO_PERIODS: AtomicUsize = AtomicUsize::new(0);
 
 /// At start-up, from the starting thread: allow solo periods if the option
-/// asks for them and the kernel supports them.
+/// asks for them, the kernel supports them, and the process has one thread.
+///
+/// Ending a solo period takes the kernel's expedited `membarrier`, which a
+/// process must register for first.  Registering costs nothing in a process
+/// with one thread, but with more it waits for an RCU grace period: 6-14 ms
+/// on the 2-CPU test machine, paid by the thread whose allocation started
+/// Canopy (a Rust program that uses the rich interface or `canopy-rc`
+/// without making Canopy its global allocator starts it late, often after a
+/// thread pool).  A late start therefore goes without solo periods: every
+/// entry into the global heap takes its lock, as when
+/// `CANOPY_SOLO_UNLOCKED=0`.  The usual starts (before `main` under
+/// `LD_PRELOAD`, in the runtime's start-up as the global allocator) have one
+/// thread.
 pub(crate) fn init(enabled: bool, first: usize) {
-    if enabled {
+    if enabled && canopy_sys::thread_count() == Some(1) {
         GLOBAL.lock.enable(first);
     }
 }

@@ -294,6 +294,46 @@ pub fn cpu_count() -> usize {
     }
 }
 
+/// Number of threads in this process (field 20 of `/proc/self/stat`), or
+/// `None` where `/proc` cannot be read.  Allocates nothing.
+pub fn thread_count() -> Option<usize> {
+    let mut buf = [0u8; 1024];
+    let mut len = 0usize;
+    // SAFETY: the path is NUL-terminated; each read writes inside buf.
+    unsafe {
+        let fd = libc::open(c"/proc/self/stat".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return None;
+        }
+        while len < buf.len() {
+            let n = libc::read(fd, buf.as_mut_ptr().add(len) as *mut libc::c_void, buf.len() - len);
+            if n <= 0 {
+                break;
+            }
+            len += n as usize;
+        }
+        libc::close(fd);
+    }
+    parse_stat_threads(&buf[..len])
+}
+
+/// `num_threads` from the text of `/proc/PID/stat`.  The command name (field
+/// 2, in parentheses) may hold spaces and parentheses itself, so fields are
+/// counted from the last `)`: field 3 is the first after it, `num_threads`
+/// (field 20) the eighteenth.
+fn parse_stat_threads(text: &[u8]) -> Option<usize> {
+    let close = text.iter().rposition(|&b| b == b')')?;
+    let field = text[close + 1..].split(|&b| b == b' ').filter(|f| !f.is_empty()).nth(17)?;
+    let mut v = 0usize;
+    for &b in field {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add((b - b'0') as usize)?;
+    }
+    (v > 0).then_some(v)
+}
+
 /// Resident set size of this process in bytes (from /proc/self/statm), or
 /// `None` where unavailable.  Allocates nothing.
 pub fn resident_bytes() -> Option<usize> {
@@ -376,6 +416,34 @@ mod tests {
         let mut seen = 0;
         for_each_env(|e| seen += usize::from(e == b"CANOPY_SYS_TEST_VAR=42"));
         assert_eq!(seen, 1);
+    }
+
+    #[test]
+    fn thread_count_follows_threads() {
+        let before = thread_count().unwrap();
+        assert!(before >= 1);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            ready_tx.send(()).unwrap();
+            rx.recv().unwrap();
+        });
+        ready_rx.recv().unwrap();
+        // Other tests' threads come and go; this one is there for sure.
+        assert!(thread_count().unwrap() >= 2);
+        tx.send(()).unwrap();
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn stat_threads_are_parsed_after_the_last_parenthesis() {
+        let line = b"4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 1 0 0 20 0 7 0 123 456 78 18446744073709551615\n";
+        assert_eq!(parse_stat_threads(line), Some(7));
+        let plain = b"1 (sh) S 0 1 1 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 1 2 3";
+        assert_eq!(parse_stat_threads(plain), Some(1));
+        assert_eq!(parse_stat_threads(b"1 (sh) S 0 1"), None);
+        assert_eq!(parse_stat_threads(b"no parenthesis here"), None);
+        assert_eq!(parse_stat_threads(b"1 (x) S 0 1 1 0 -1 4 1 0 0 0 0 0 0 0 20 0 x7 0"), None);
     }
 
     #[test]
