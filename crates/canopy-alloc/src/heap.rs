@@ -165,10 +165,14 @@ fn batch_shape() -> (usize, usize) {
     (cap, crate::size_class::small_class_index(core::mem::size_of::<Batch>() + 8 * cap))
 }
 
-/// Pointers per batch (see [`batch_shape`]), on every remote free.
+/// Pointers per batch (see [`batch_shape`]), on every remote free.  The
+/// option is in `1..=MAX_BATCH` already: `Options::from_lookup` clamps it
+/// (and reports a value it had to clamp), and the options are set nowhere else.
 #[inline(always)]
 fn batch_cap() -> usize {
-    crate::options().remote_batch.clamp(1, MAX_BATCH)
+    let cap = crate::options().remote_batch;
+    debug_assert!((1..=MAX_BATCH).contains(&cap), "remote_batch {cap} outside 1..={MAX_BATCH}");
+    cap
 }
 
 /// Figures a heap publishes for the statistics (read by other threads).
