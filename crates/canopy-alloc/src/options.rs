@@ -10,7 +10,7 @@
 //! | `CANOPY_HEAP_RETAIN_PAGES` | 2 | fully free 1 MiB pages a thread heap keeps before giving them back to the global heap |
 //! | `CANOPY_REMOTE_BATCH` | 32 | frees to another thread's memory collected per destination before one swap sends them (at most 1021, the pointers a batch block holds) |
 //! | `CANOPY_HUGE_PAGES` | 0 | ask for transparent huge pages on the arena |
-//! | `CANOPY_SOLO_UNLOCKED` | 1 | the global heap takes no lock while only one thread has a heap |
+//! | `CANOPY_SOLO_UNLOCKED` | 1 | the global heap takes no lock while only one thread has a heap (if Canopy started in a process with one thread: `solo::init`) |
 //! | `CANOPY_VERBOSE` | 0 | print the statistics table to stderr at exit (and warnings about bad frees in the default mode) |
 //!
 //! A variable set to something that is not a decimal number, or to a number
