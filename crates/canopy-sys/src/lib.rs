@@ -295,8 +295,16 @@ pub fn cpu_count() -> usize {
 }
 
 /// Number of threads in this process (field 20 of `/proc/self/stat`), or
-/// `None` where `/proc` cannot be read.  Allocates nothing.
+/// `None` where `/proc` cannot be read.  Allocates nothing and leaves
+/// `errno` as it was (the allocator calls it inside a successful `malloc`).
 pub fn thread_count() -> Option<usize> {
+    let saved = errno();
+    let n = read_thread_count();
+    set_errno(saved);
+    n
+}
+
+fn read_thread_count() -> Option<usize> {
     let mut buf = [0u8; 1024];
     let mut len = 0usize;
     // SAFETY: the path is NUL-terminated; each read writes inside buf.

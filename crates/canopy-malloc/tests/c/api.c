@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,29 @@ __attribute__((weak)) void free_aligned_sized(void *p, size_t align, size_t size
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "api: check failed at line %d: %s\n", __LINE__, #c); exit(1); } } while (0)
 
 static void *volatile sink;
+
+/* Successful calls leave errno as it was, including a thread's first
+ * allocation (which gives it a heap) and the paths through the global heap. */
+static void *errno_kept(void *marker) {
+    int m = (int)(intptr_t)marker;
+    errno = m;
+    char *p = malloc(100);
+    CHECK(p != NULL && errno == m);
+    p = realloc(p, 5000);
+    CHECK(p != NULL && errno == m);
+    free(p);
+    CHECK(errno == m);
+    char *big = calloc(1, 8 << 20);
+    CHECK(big != NULL && big[12345] == 0 && errno == m);
+    big = realloc(big, 16 << 20);
+    CHECK(big != NULL && errno == m);
+    free(big);
+    void *a = aligned_alloc(4096, 4096);
+    CHECK(a != NULL && errno == m);
+    free(a);
+    CHECK(errno == m);
+    return NULL;
+}
 
 int main(void) {
     /* The allocator in use must be Canopy. */
@@ -135,6 +159,10 @@ int main(void) {
     /* A single-threaded program runs the global heap without its lock. */
     const char *u = strstr(buf, "\"unlocked_global_entries\":");
     CHECK(u != NULL && atol(u + strlen("\"unlocked_global_entries\":")) > 0);
+    errno_kept((void *)(intptr_t)1234);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, errno_kept, (void *)(intptr_t)4321) == 0);
+    CHECK(pthread_join(t, NULL) == 0);
     printf("api ok\n");
     return 0;
 }
