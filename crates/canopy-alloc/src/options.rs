@@ -158,6 +158,17 @@ pub fn nearest_name<'k>(name: &[u8], skip: usize, known: &[&'k str]) -> Option<&
     (d > 0 && d <= if tail.len() >= 6 { 2 } else { 1 }).then_some(best)
 }
 
+/// For a layer's check of its own namespace (`prefix`, such as
+/// `CANOPY_HH_`): `None` if `name` is outside it or one of `known`;
+/// otherwise `Some` of the name it probably meant (see [`nearest_name`]),
+/// if one is close.  Never allocates.
+pub fn unknown_in_namespace<'k>(name: &[u8], prefix: &str, known: &[&'k str]) -> Option<Option<&'k str>> {
+    if !name.starts_with(prefix.as_bytes()) || known.iter().any(|k| k.as_bytes() == name) {
+        return None;
+    }
+    Some(nearest_name(name, prefix.len(), known))
+}
+
 /// Edit distance (insertions, deletions, substitutions and swaps of two
 /// neighbours, each 1) between two names, without allocating; names longer
 /// than 31 bytes count as far from everything.
@@ -434,6 +445,15 @@ mod tests {
         ] {
             assert_eq!(misspelling(e), "", "{e}");
         }
+    }
+
+    #[test]
+    fn unknown_names_in_a_layers_namespace() {
+        let known = ["CANOPY_XY_SPEED", "CANOPY_XY_DEPTH"];
+        assert_eq!(unknown_in_namespace(b"CANOPY_XY_SPEED", "CANOPY_XY_", &known), None);
+        assert_eq!(unknown_in_namespace(b"CANOPY_CHECK", "CANOPY_XY_", &known), None);
+        assert_eq!(unknown_in_namespace(b"CANOPY_XY_SPED", "CANOPY_XY_", &known), Some(Some("CANOPY_XY_SPEED")));
+        assert_eq!(unknown_in_namespace(b"CANOPY_XY_COLOUR", "CANOPY_XY_", &known), Some(None));
     }
 
     #[test]

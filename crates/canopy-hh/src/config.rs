@@ -102,11 +102,9 @@ const NAMES: [&str; 6] = [
 /// none of [`NAMES`] (with the name it probably meant, if one is close);
 /// `None` for any other name.
 fn unknown_name(name: &[u8]) -> Option<String> {
-    if !name.starts_with(b"CANOPY_HH_") || NAMES.iter().any(|n| n.as_bytes() == name) {
-        return None;
-    }
+    let meant = canopy_alloc::options::unknown_in_namespace(name, "CANOPY_HH_", &NAMES)?;
     let name_text = String::from_utf8_lossy(name);
-    Some(match canopy_alloc::options::nearest_name(name, 10, &NAMES) {
+    Some(match meant {
         Some(meant) => format!("canopy-hh: {name_text} is not an option and is ignored; did you mean {meant}?"),
         None => format!(
             "canopy-hh: {name_text} is not an option and is ignored (the options: {})",

@@ -11,6 +11,7 @@
 use crate::{calloc, free, malloc, memalign, pvalloc, realloc, valloc};
 use canopy_alloc::stats;
 use core::ffi::c_void;
+use std::io::Write;
 use libc::{c_int, size_t, FILE};
 
 /// glibc's `struct mallinfo` (the `int` version `mallinfo` returns).
@@ -106,61 +107,16 @@ pub unsafe extern "C" fn malloc_info(options: c_int, fp: *mut FILE) -> c_int {
 #[no_mangle]
 pub extern "C" fn mallopt(param: c_int, value: c_int) -> c_int {
     if canopy_alloc::options().verbose {
-        let mut b = [0u8; 128];
-        let mut n = 0;
-        let mut put = |s: &[u8]| {
-            for &c in s {
-                if n < b.len() {
-                    b[n] = c;
-                    n += 1;
-                }
-            }
-        };
-        put(b"canopy: mallopt(");
-        put(decimal(param as i64).as_slice());
-        put(b", ");
-        put(decimal(value as i64).as_slice());
-        put(b") has no Canopy setting to change; returning 0 (see the CANOPY_* variables)\n");
-        canopy_sys::write_stderr(&b[..n]);
+        // Formatted into a stack buffer (`io::Write` for a byte slice): no
+        // allocation inside the allocator.
+        const LEN: usize = 160;
+        let mut buf = [0u8; LEN];
+        let mut rest: &mut [u8] = &mut buf;
+        let _ = writeln!(rest, "canopy: mallopt({param}, {value}) has no Canopy setting to change; returning 0 (see the CANOPY_* variables)");
+        let n = LEN - rest.len();
+        canopy_sys::write_stderr(&buf[..n]);
     }
     0
-}
-
-/// A signed decimal, on the stack.
-struct Decimal {
-    digits: [u8; 24],
-    len: usize,
-}
-
-impl Decimal {
-    fn as_slice(&self) -> &[u8] {
-        &self.digits[..self.len]
-    }
-}
-
-fn decimal(v: i64) -> Decimal {
-    let mut d = Decimal { digits: [0; 24], len: 0 };
-    let mut tmp = [0u8; 20];
-    let mut i = 0;
-    let mut m = v.unsigned_abs();
-    loop {
-        tmp[i] = b'0' + (m % 10) as u8;
-        i += 1;
-        m /= 10;
-        if m == 0 {
-            break;
-        }
-    }
-    if v < 0 {
-        d.digits[0] = b'-';
-        d.len = 1;
-    }
-    while i > 0 {
-        i -= 1;
-        d.digits[d.len] = tmp[i];
-        d.len += 1;
-    }
-    d
 }
 
 // ----- glibc's internal entry points, for programs that call them -----
