@@ -47,7 +47,7 @@
 //!   `full` (so a free into a full slab takes the slow path).
 //! - `used + free slots == slots` for every slab, plus one for `cur[c]`.
 
-use crate::arena::{self, desc, desc_index, flight_tag, free_mark, kind, Block, Desc, FLAG_FULL, PAGE_UNITS, UNIT};
+use crate::arena::{self, desc, desc_index, flight_tag, free_mark, kind, Block, Desc, FLAG_FULL, PAGE_UNITS, UNIT, UNIT_SHIFT};
 use crate::global;
 use crate::medium::Medium;
 use crate::report::BadFree;
@@ -274,6 +274,10 @@ pub struct Heap {
     pub(crate) medium: Medium,
     /// Outgoing remote frees.
     remote: [RemoteSlot; REMOTE_SLOTS],
+    /// [`batch_cap`] for [`try_queue_remote`](Self::try_queue_remote), the
+    /// remote free's fast path; 0 in check mode (and in `EMPTY_HEAP`), which
+    /// turns that path off.
+    remote_fast_cap: usize,
     /// Counters.
     pub(crate) counters: HeapCounters,
     /// Statistics epoch last published.
@@ -367,6 +371,7 @@ impl Heap {
             large_since_sweep: 0,
             medium: Medium::new(),
             remote: [EMPTY_SLOT; REMOTE_SLOTS],
+            remote_fast_cap: 0,
             counters: HeapCounters {
                 medium_allocs: 0,
                 remote_frees_sent: 0,
@@ -414,6 +419,7 @@ impl Heap {
             }
             (*at).inbox.init();
             (*at).spares.init();
+            (*at).remote_fast_cap = if crate::options().check { 0 } else { batch_cap() };
         }
     }
 
@@ -815,6 +821,34 @@ impl Heap {
         self.large_since_sweep = 0;
     }
 
+    /// The remote free's fast path: put `p`, a small block of heap `target`
+    /// (this heap too: then nothing matches) already validated by the caller, in the batch open
+    /// for `target` if it has room for more than this pointer.  False,
+    /// changing nothing, otherwise: no batch open for `target` (the slow
+    /// path opens one), or check mode (`remote_fast_cap` is 0).  A slot that
+    /// names a heap always holds a batch block, and no slot names this heap
+    /// (`send_in_flight` frees such blocks at home), so two compares decide.
+    ///
+    /// # Safety
+    /// Called by this heap's thread (or on `EMPTY_HEAP`, whose slots name no
+    /// heap: nothing is written).
+    #[inline(always)]
+    pub(crate) unsafe fn try_queue_remote(&mut self, target: *mut Heap, p: *mut u8) -> bool {
+        let cap = self.remote_fast_cap;
+        let me = self as *const Heap;
+        let slot = &mut self.remote[(target as usize >> 6) % REMOTE_SLOTS];
+        if slot.heap == target && slot.count + 1 < cap {
+            debug_assert!(!slot.batch.is_null(), "a slot names a heap but holds no batch");
+            debug_assert!(!core::ptr::eq(target, me), "a slot names its own heap");
+            // SAFETY: the batch is ours and has room (count + 1 < cap).
+            unsafe { *(*slot.batch).ptrs.as_mut_ptr().add(slot.count) = p };
+            slot.count += 1;
+            self.counters.remote_frees_sent += 1;
+            return true;
+        }
+        false
+    }
+
     /// Queue a free of `p` (a block of another heap `target`) for sending.
     #[inline]
     pub(crate) unsafe fn free_remote(&mut self, target: *mut Heap, p: *mut u8) {
@@ -1023,6 +1057,9 @@ impl Heap {
             }
             let ptrs = (*b).ptrs.as_ptr();
             self.counters.remote_frees_received += n as u64;
+            let base = arena::arena_base();
+            let units = arena::arena_units();
+            let key = arena::flight_tag();
             for i in 0..n {
                 #[cfg(target_arch = "x86_64")]
                 if i + 4 < n {
@@ -1032,12 +1069,64 @@ impl Heap {
                     // SAFETY: a prefetch never faults and changes no memory.
                     core::arch::asm!("prefetchw [{0}]", in(reg) *ptrs.add(i + 4), options(nostack, preserves_flags, readonly));
                 }
-                // A pointer that is no longer a block in flight to us was
-                // reported; the rest of the batch is unaffected.
-                self.free_owned(*ptrs.add(i), false);
+                let p = *ptrs.add(i);
+                if !self.take_in_small(p, base, units, key) {
+                    // Not the common case (a medium chunk, a slab that
+                    // needs its lists changed, a block no longer in flight
+                    // to us, which is reported; the rest of the batch is
+                    // unaffected).
+                    self.free_owned(p, false);
+                }
             }
             (*b).link.next.store(ptr::null_mut(), Ordering::Relaxed);
             (*maker).spares.push(b as *mut Node);
+            true
+        }
+    }
+
+    /// The common case of a block taken in from a batch, with the arena's
+    /// base and size and the flight mark loaded once per batch: a small
+    /// block of this heap, marked in flight, whose bit was clear and which
+    /// does not change its slab's lists (the slab is not full, and the word
+    /// it sets is not all free, so the slab cannot have become empty).  Its
+    /// bit is set and its mark becomes the free mark.  False, changing
+    /// nothing, for anything else, which [`free_owned`](Self::free_owned)
+    /// then handles (or reports).
+    ///
+    /// # Safety
+    /// Owner thread; `base`, `units` and `key` are the arena's and the
+    /// process's (`arena_base`, `arena_units`, `flight_tag`).
+    #[inline(always)]
+    unsafe fn take_in_small(&mut self, p: *mut u8, base: usize, units: usize, key: usize) -> bool {
+        let idx = (p as usize).wrapping_sub(base) >> UNIT_SHIFT;
+        if idx >= units {
+            return false;
+        }
+        // SAFETY: idx is a reserved unit, so its descriptor and bitmap words
+        // are mapped; a block of this heap's slab is ours to write, and p is
+        // written only once it is known to start a slot of such a slab.
+        unsafe {
+            let d = (base - arena::TABLE_OFFSET + idx * core::mem::size_of::<Desc>()) as *mut Desc;
+            if !core::ptr::eq((*d).heap.load(Ordering::Relaxed), self) || (*d).kind != kind::SMALL || (*d).flags != 0 {
+                return false;
+            }
+            let b = p as *mut Block;
+            if (*b).tag != key {
+                return false;
+            }
+            let Some(i) = slab::locate_small((*d).divc, (*d).limit, (p as usize & (UNIT - 1)) as u32) else {
+                return false;
+            };
+            let word = &*arena::bitmap_at(base, idx).add(i / 64);
+            let x = word.load(Ordering::Relaxed);
+            let Ok(now) = slab::release_bits(x, i) else {
+                return false;
+            };
+            if SHAPES[(*d).class as usize].may_be_empty(now) {
+                return false;
+            }
+            word.store(now, Ordering::Relaxed);
+            (*b).tag = key ^ 1;
             true
         }
     }

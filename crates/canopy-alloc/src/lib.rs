@@ -477,6 +477,10 @@ const HINT_CLASS: usize = 1 << 63;
 /// no count of a slab's live blocks; the heap finds the slabs its frees
 /// emptied by a sweep of its bitmaps (`Heap::sweep_empty`).
 ///
+/// A block of any other arena unit goes to [`free_elsewhere`], whose first
+/// case is a remote free put into an open batch; anything else, to
+/// [`free_slow`].
+///
 /// After `fork()`, a new thread of the child can have the id (TCB address)
 /// of a parent thread that no longer exists, whose heap is retired: the fast
 /// path then frees into a slab of that dead heap, which only leaks the block.
@@ -519,11 +523,50 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
                         }
                     }
                 }
+            } else {
+                return free_elsewhere(p, d, call, expected);
             }
         }
     }
     // SAFETY: forwarded.
     unsafe { free_slow(p, call, expected) }
+}
+
+/// The free of a block in an arena unit the calling thread does not own
+/// as a current or available slab: most often a small block of another
+/// thread's heap, which goes into this thread's open batch for that heap
+/// without a call (`Heap::try_queue_remote`).  The block is validated as the
+/// slow path would: it starts a slot of a small slab and is neither free
+/// nor in flight (a double free goes to the slow path, which reports it).
+/// Everything else (a full slab of this heap, medium and large chunks, no
+/// batch open for the owner, check mode) goes to [`free_slow`].
+///
+/// # Safety
+/// As for [`free`]; `d` is the descriptor of `p`'s unit.
+#[inline(never)]
+unsafe fn free_elsewhere(p: *mut u8, d: *mut Desc, call: &'static str, expected: usize) {
+    // SAFETY: d is an arena descriptor (the caller's bounds check); a
+    // SMALL unit's slot test does not change while a block of it is live,
+    // and p is written only once it is known to start a live slot.
+    unsafe {
+        if (*d).kind == arena::kind::SMALL {
+            let off = (p as usize & (UNIT - 1)) as u32;
+            if slab::locate_small((*d).divc, (*d).limit, off).is_some() {
+                let key = flight_tag();
+                let b = p as *mut Block;
+                if (*b).tag ^ key > 1 {
+                    let owner = (*d).heap.load(canopy_sync::prim::Ordering::Relaxed);
+                    if (*tls_heap()).try_queue_remote(owner, p) {
+                        // In flight (see arena::Block): the owner takes
+                        // the batch in by this mark.
+                        (*b).tag = key;
+                        return;
+                    }
+                }
+            }
+        }
+        free_slow(p, call, expected)
+    }
 }
 
 /// Free with the block's size known (the C `free_sized`).  In check mode a

@@ -1341,6 +1341,46 @@ fn full_slabs_take_the_slow_path_and_come_back() {
     check_invariants().unwrap();
 }
 
+#[test]
+fn remote_frees_into_full_slabs_and_emptied_words_come_back_exactly() {
+    // Blocks freed by another thread come back through batches.  Most take
+    // the short way in (a slab with room whose word does not become wholly
+    // free); a slab that was full, and a word that a free makes wholly free,
+    // take the general way, which moves the slab between its lists.  Both
+    // must give every block back exactly once.
+    let _g = serial();
+    let size = 1024; // 64 blocks per slab, one bitmap word
+    let c = size_class::class_index(size);
+    let n = 64 * 3 + 5;
+    // SAFETY (our own heap's counters and bitmaps): the heap is this thread's.
+    let received = || unsafe { (*tls_heap()).counters.remote_frees_received };
+    let live = || unsafe {
+        let h = tls_heap();
+        (*h).publish();
+        (*h).published.blocks[c].load(canopy_sync::prim::Ordering::Relaxed)
+    };
+    let blocks = assert_distinct("fill", size, n);
+    check_invariants().unwrap();
+    let (before, live_before, bad) = (received(), live(), report::bad_frees());
+    let sent = blocks.iter().map(|&p| p as usize).collect::<Vec<_>>();
+    on_thread_with_heap(move || {
+        for &p in &sent {
+            unsafe { free(p as *mut u8) };
+        }
+        collect(); // sends the last, partial batch
+    });
+    collect(); // takes the batches in
+    assert_eq!(received() - before, n as u64, "every block came back");
+    assert_eq!(report::bad_frees(), bad, "and none was refused");
+    assert_eq!(live(), live_before - n as u64, "each block is free again, once");
+    check_invariants().unwrap();
+    let again = assert_distinct("again", size, n);
+    assert_eq!(live(), live_before, "and is handed out once");
+    for p in again {
+        unsafe { free(p) };
+    }
+    check_invariants().unwrap();
+}
 
 #[test]
 fn size_indexed_slabs_match_the_classes() {
