@@ -523,33 +523,38 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
                         }
                     }
                 }
-            } else {
-                return free_elsewhere(p, d, call, expected);
             }
         }
     }
+    // One call for every other case, so that the caller's arguments (a
+    // class hint) are computed only on the way out: two calls made the
+    // compiler compute them before the test, on the fast path.
     // SAFETY: forwarded.
-    unsafe { free_slow(p, call, expected) }
+    unsafe { free_elsewhere(p, call, expected) }
 }
 
-/// The free of a block in an arena unit the calling thread does not own
-/// as a current or available slab: most often a small block of another
-/// thread's heap, which goes into this thread's open batch for that heap
-/// without a call (`Heap::try_queue_remote`).  The block is validated as the
-/// slow path would: it starts a slot of a small slab and is neither free
-/// nor in flight (a double free goes to the slow path, which reports it).
-/// Everything else (a full slab of this heap, medium and large chunks, no
-/// batch open for the owner, check mode) goes to [`free_slow`].
+/// Every free the fast path does not finish.  Most often a small block of
+/// another thread's heap, which goes into this thread's open batch for that
+/// heap without a further call (`Heap::try_queue_remote`).  The block is
+/// validated as the slow path would: it starts a slot of a small slab and
+/// is neither free nor in flight (a double free goes to the slow path,
+/// which reports it).  Everything else (a pointer outside the arena, a
+/// full slab of this heap, medium and large chunks, no batch open for the
+/// owner, check mode, a refused free) goes to [`free_slow`].
 ///
 /// # Safety
-/// As for [`free`]; `d` is the descriptor of `p`'s unit.
+/// As for [`free`].
 #[inline(never)]
-unsafe fn free_elsewhere(p: *mut u8, d: *mut Desc, call: &'static str, expected: usize) {
-    // SAFETY: d is an arena descriptor (the caller's bounds check); a
-    // SMALL unit's slot test does not change while a block of it is live,
-    // and p is written only once it is known to start a live slot.
+unsafe fn free_elsewhere(p: *mut u8, call: &'static str, expected: usize) {
+    let base = arena::arena_base();
+    let idx = (p as usize).wrapping_sub(base) >> UNIT_SHIFT;
+    // SAFETY: idx & (MAX_UNITS - 1) < MAX_UNITS, so the descriptor is inside
+    // the table (read only when idx itself is); a SMALL unit's slot test
+    // does not change while a block of it is live, and p is written only
+    // once it is known to start a live slot.
     unsafe {
-        if (*d).kind == arena::kind::SMALL {
+        let d = (base - arena::TABLE_OFFSET + (idx & (MAX_UNITS - 1)) * core::mem::size_of::<Desc>()) as *mut Desc;
+        if idx < MAX_UNITS && (*d).kind == arena::kind::SMALL {
             let off = (p as usize & (UNIT - 1)) as u32;
             if slab::locate_small((*d).divc, (*d).limit, off).is_some() {
                 let key = flight_tag();
