@@ -8,7 +8,7 @@
 //! inside glibc).  Here they all go to Canopy.  `mallopt` has no setting to
 //! act on and says so by returning 0.
 
-use crate::{calloc, free, malloc, memalign, pvalloc, realloc, valloc};
+use crate::{calloc, memalign, pvalloc, realloc, valloc};
 use canopy_alloc::stats;
 use core::ffi::c_void;
 use std::io::Write;
@@ -121,10 +121,12 @@ pub extern "C" fn mallopt(param: c_int, value: c_int) -> c_int {
 
 // ----- glibc's internal entry points, for programs that call them -----
 
-/// `__libc_malloc`: [`malloc`].
+/// `__libc_malloc`: [`malloc`](crate::malloc).
 #[no_mangle]
 pub extern "C" fn __libc_malloc(size: size_t) -> *mut c_void {
-    malloc(size)
+    // The allocator's inline path itself, not a call through the GOT to
+    // the exported `malloc` (which the compiler may choose to make).
+    canopy_alloc::alloc(size) as *mut c_void
 }
 
 /// `__libc_calloc`: [`calloc`].
@@ -143,14 +145,15 @@ pub unsafe extern "C" fn __libc_realloc(p: *mut c_void, size: size_t) -> *mut c_
     unsafe { realloc(p, size) }
 }
 
-/// `__libc_free`: [`free`].
+/// `__libc_free`: [`free`](crate::free).
 ///
 /// # Safety
-/// As for [`free`].
+/// As for [`free`](crate::free).
 #[no_mangle]
 pub unsafe extern "C" fn __libc_free(p: *mut c_void) {
-    // SAFETY: forwarded.
-    unsafe { free(p) }
+    // SAFETY: the caller's contract, as for `free`; the allocator's inline
+    // path itself (see `__libc_malloc`).
+    unsafe { canopy_alloc::free(p as *mut u8) }
 }
 
 /// `__libc_memalign`: [`memalign`].
