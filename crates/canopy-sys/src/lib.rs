@@ -399,10 +399,28 @@ mod tests {
         assert_eq!(e.errno, libc::EEXIST);
         // SAFETY: p is our reservation.
         unsafe { release(p, 2 << 20) };
-        let q = reserve_fixed(p as usize, 1 << 20).unwrap();
-        assert_eq!(q, p);
-        // SAFETY: q is our reservation.
-        unsafe { release(q, 1 << 20) };
+        // Released, the range can be reserved at its address again.  Other
+        // tests of this process map memory concurrently and may take the
+        // range between the release and the reservation (EEXIST): then try
+        // again at a fresh range; a few attempts always find one untouched.
+        let mut at = p;
+        for attempt in 0.. {
+            match reserve_fixed(at as usize, 1 << 20) {
+                Ok(q) => {
+                    assert_eq!(q, at);
+                    // SAFETY: q is our reservation.
+                    unsafe { release(q, 1 << 20) };
+                    break;
+                }
+                Err(e) if e.errno == libc::EEXIST && attempt < 20 => {
+                    let r = reserve_aligned(2 << 20, 1 << 20).unwrap();
+                    // SAFETY: r is our reservation.
+                    unsafe { release(r, 2 << 20) };
+                    at = r;
+                }
+                Err(e) => panic!("reserving a released range failed: {e:?}"),
+            }
+        }
     }
 
     #[test]
