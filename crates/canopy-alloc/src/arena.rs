@@ -255,7 +255,14 @@ pub fn unit_index(p: usize) -> usize {
 /// `idx < MAX_UNITS` and the arena is initialised.
 #[inline(always)]
 pub unsafe fn desc(idx: usize) -> *mut Desc {
-    ((arena_base() - TABLE_OFFSET) + idx * core::mem::size_of::<Desc>()) as *mut Desc
+    desc_at(arena_base(), idx)
+}
+
+/// [`desc`] with the arena base already loaded (the address only: reading
+/// it needs `idx < MAX_UNITS`).
+#[inline(always)]
+pub fn desc_at(base: usize, idx: usize) -> *mut Desc {
+    ((base - TABLE_OFFSET) + idx * core::mem::size_of::<Desc>()) as *mut Desc
 }
 
 /// Index of a descriptor.

@@ -834,7 +834,18 @@ impl Heap {
     /// heap: nothing is written).
     #[inline(always)]
     pub(crate) unsafe fn try_queue_remote(&mut self, target: *mut Heap, p: *mut u8) -> bool {
-        let cap = self.remote_fast_cap;
+        // SAFETY: forwarded.
+        unsafe { self.queue_if_room(target, p, self.remote_fast_cap) }
+    }
+
+    /// Put `p` into the batch open for `target` if that batch has room for
+    /// more than this pointer (`count + 1 < cap`); false, changing nothing,
+    /// otherwise.  The common case of every remote free, fast path or not.
+    ///
+    /// # Safety
+    /// As for [`try_queue_remote`](Self::try_queue_remote).
+    #[inline(always)]
+    unsafe fn queue_if_room(&mut self, target: *mut Heap, p: *mut u8, cap: usize) -> bool {
         let me = self as *const Heap;
         let slot = &mut self.remote[(target as usize >> 6) % REMOTE_SLOTS];
         if slot.heap == target && slot.count + 1 < cap {
@@ -852,19 +863,12 @@ impl Heap {
     /// Queue a free of `p` (a block of another heap `target`) for sending.
     #[inline]
     pub(crate) unsafe fn free_remote(&mut self, target: *mut Heap, p: *mut u8) {
-        let slot_i = (target as usize >> 6) % REMOTE_SLOTS;
-        let slot = &mut self.remote[slot_i];
-        // The common case first, without a frame: a batch for `target` with
-        // room for more than this pointer.
-        if slot.heap == target && !slot.batch.is_null() && slot.count + 1 < batch_cap() {
-            // SAFETY: the batch is ours and has room (count + 1 < cap).
-            unsafe { *(*slot.batch).ptrs.as_mut_ptr().add(slot.count) = p };
-            slot.count += 1;
-            self.counters.remote_frees_sent += 1;
-            return;
+        // SAFETY: forwarded (this heap's thread).
+        unsafe {
+            if !self.queue_if_room(target, p, batch_cap()) {
+                self.free_remote_slow(target, p, (target as usize >> 6) % REMOTE_SLOTS);
+            }
         }
-        // SAFETY: forwarded.
-        unsafe { self.free_remote_slow(target, p, slot_i) }
     }
 
     /// [`free_remote`](Self::free_remote) when the slot has no batch for
@@ -1106,7 +1110,7 @@ impl Heap {
         // are mapped; a block of this heap's slab is ours to write, and p is
         // written only once it is known to start a slot of such a slab.
         unsafe {
-            let d = (base - arena::TABLE_OFFSET + idx * core::mem::size_of::<Desc>()) as *mut Desc;
+            let d = arena::desc_at(base, idx);
             if !core::ptr::eq((*d).heap.load(Ordering::Relaxed), self) || (*d).kind != kind::SMALL || (*d).flags != 0 {
                 return false;
             }

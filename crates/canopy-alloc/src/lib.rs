@@ -553,7 +553,7 @@ unsafe fn free_elsewhere(p: *mut u8, call: &'static str, expected: usize) {
     // does not change while a block of it is live, and p is written only
     // once it is known to start a live slot.
     unsafe {
-        let d = (base - arena::TABLE_OFFSET + (idx & (MAX_UNITS - 1)) * core::mem::size_of::<Desc>()) as *mut Desc;
+        let d = arena::desc_at(base, idx & (MAX_UNITS - 1));
         if idx < MAX_UNITS && (*d).kind == arena::kind::SMALL {
             let off = (p as usize & (UNIT - 1)) as u32;
             if slab::locate_small((*d).divc, (*d).limit, off).is_some() {
