@@ -75,11 +75,29 @@ pub const DEFAULT_GRAIN: usize = 2048;
 /// small (closures capturing up to four words, the common case): with-loops
 /// on short vectors are frequent (the FFT's recursion), and a heap
 /// allocation per generator would cost more than the loop.
+///
+/// What is erased is the whole loop over the generator's range, not the
+/// call per element: `run` is made for the closure's type when the
+/// generator is built, so the expression is compiled into the loop as in
+/// `modarray_fn`, and a with-loop makes one indirect call per generator.
 struct Expr<'a, T> {
     store: Store,
-    call: unsafe fn(*const u8, &[usize], &T) -> T,
+    run: unsafe fn(*const u8, Sweep<'_, T>) -> bool,
     drop: unsafe fn(*mut u8),
     _life: PhantomData<&'a ()>,
+}
+
+/// One generator's loop for [`Expr::run`]: the box `lo..hi` of an array of
+/// `shape` at `data`, in parallel chunks of at least `grain` elements.
+struct Sweep<'s, T> {
+    data: *mut T,
+    lo: &'s [usize],
+    hi: &'s [usize],
+    shape: &'s [usize],
+    grain: usize,
+    /// `None`: the elements hold values, and each becomes `f(iv, &old)`.
+    /// `Some(x)`: they are uninitialised, and each is written `f(iv, x)`.
+    init: Option<&'s T>,
 }
 
 #[repr(C, align(16))]
@@ -96,10 +114,49 @@ unsafe impl<T> Send for Expr<'_, T> {}
 unsafe impl<T> Sync for Expr<'_, T> {}
 
 impl<'a, T> Expr<'a, T> {
-    fn new<F: Fn(&[usize], &T) -> T + Send + Sync + 'a>(f: F) -> Self {
-        unsafe fn call<F: Fn(&[usize], &T) -> T, T>(p: *const u8, iv: &[usize], x: &T) -> T {
+    fn new<F: Fn(&[usize], &T) -> T + Send + Sync + 'a>(f: F) -> Self
+    where
+        T: Send + Sync,
+    {
+        /// Returns whether the loop ran in parallel.
+        ///
+        /// # Safety
+        /// `p` points to a live `F`; the box is inside the shape of the
+        /// array at `s.data`; no other thread touches its elements during
+        /// the call; they hold values when `s.init` is `None` and are
+        /// uninitialised otherwise.
+        unsafe fn run<F: Fn(&[usize], &T) -> T + Sync, T: Send + Sync>(p: *const u8, s: Sweep<'_, T>) -> bool {
             // SAFETY: p points to a live F (see `Expr::ptr`).
-            unsafe { (*(p as *const F))(iv, x) }
+            let f = unsafe { &*(p as *const F) };
+            let (data, init) = (SyncPtr(s.data), s.init);
+            // One call of `f` for both cases, the shape of `modarray_fn`'s
+            // loop, which the compiler inlines `f` into (a call site per
+            // case left `f` out of line: a call per element).
+            par_box(s.lo, s.hi, s.shape, s.grain, |iv, off| {
+                // SAFETY: off is inside the array (the box is inside the
+                // shape) and chunks are disjoint, so no other thread touches
+                // the element; it holds a value when `init` is None (read,
+                // then replaced once f has returned) and is uninitialised
+                // otherwise (written once).
+                unsafe {
+                    let e = data.get().add(off);
+                    // A pointer first: no reference to an uninitialised
+                    // element is made.
+                    let src: *const T = match init {
+                        Some(x) => x,
+                        None => e,
+                    };
+                    let v = f(iv, &*src);
+                    if init.is_none() {
+                        // The new value is in place before the old one's
+                        // drop runs, as with `*e = v`: a panicking drop
+                        // leaves no dropped value in the array.
+                        drop(core::ptr::replace(e, v));
+                    } else {
+                        e.write(v);
+                    }
+                }
+            })
         }
         unsafe fn drop_inline<F>(p: *mut u8) {
             // SAFETY: p points to the F stored inline, dropped once.
@@ -117,7 +174,7 @@ impl<'a, T> Expr<'a, T> {
             unsafe { (m.as_mut_ptr() as *mut F).write(f) };
             Expr {
                 store: Store::Inline(m),
-                call: call::<F, T>,
+                run: run::<F, T>,
                 drop: drop_inline::<F>,
                 _life: PhantomData,
             }
@@ -125,7 +182,7 @@ impl<'a, T> Expr<'a, T> {
             let p = Box::into_raw(Box::new(f)) as *mut u8;
             Expr {
                 store: Store::Boxed(p),
-                call: call::<F, T>,
+                run: run::<F, T>,
                 drop: drop_boxed::<F>,
                 _life: PhantomData,
             }
@@ -139,10 +196,16 @@ impl<'a, T> Expr<'a, T> {
         }
     }
 
-    #[inline(always)]
-    fn eval(&self, iv: &[usize], x: &T) -> T {
-        // SAFETY: `call` was made for the stored closure's type.
-        unsafe { (self.call)(self.ptr(), iv, x) }
+    /// Run the generator's loop; returns whether it ran in parallel.
+    ///
+    /// # Safety
+    /// As for `run` in [`Expr::new`]: the box is inside the array's shape,
+    /// no other thread touches its elements during the call, and they hold
+    /// values (`init` None) or are uninitialised (`init` Some).
+    unsafe fn run(&self, s: Sweep<'_, T>) -> bool {
+        // SAFETY: `run` was made for the stored closure's type; the rest is
+        // the caller's promise.
+        unsafe { (self.run)(self.ptr(), s) }
     }
 }
 
@@ -177,7 +240,10 @@ impl<T> core::fmt::Debug for Gen<'_, T> {
 
 impl<'a, T> Gen<'a, T> {
     /// Elements `lo <= iv < hi` become `f(iv)`.
-    pub fn new(lo: &[usize], hi: &[usize], f: impl Fn(&[usize]) -> T + Send + Sync + 'a) -> Self {
+    pub fn new(lo: &[usize], hi: &[usize], f: impl Fn(&[usize]) -> T + Send + Sync + 'a) -> Self
+    where
+        T: Send + Sync,
+    {
         Gen {
             lo: Idx::from_slice(lo),
             hi: Idx::from_slice(hi),
@@ -194,7 +260,10 @@ impl<'a, T> Gen<'a, T> {
         lo: &[usize],
         hi: &[usize],
         f: impl Fn(&[usize], &T) -> T + Send + Sync + 'a,
-    ) -> Self {
+    ) -> Self
+    where
+        T: Send + Sync,
+    {
         Gen {
             lo: Idx::from_slice(lo),
             hi: Idx::from_slice(hi),
@@ -204,12 +273,18 @@ impl<'a, T> Gen<'a, T> {
     }
 
     /// Every index of `shape`.
-    pub fn all(shape: &[usize], f: impl Fn(&[usize]) -> T + Send + Sync + 'a) -> Self {
+    pub fn all(shape: &[usize], f: impl Fn(&[usize]) -> T + Send + Sync + 'a) -> Self
+    where
+        T: Send + Sync,
+    {
         Self::new(&Idx::zeros(shape.len()), shape, f)
     }
 
     /// Every index of `shape`, from the current value.
-    pub fn all_update(shape: &[usize], f: impl Fn(&[usize], &T) -> T + Send + Sync + 'a) -> Self {
+    pub fn all_update(shape: &[usize], f: impl Fn(&[usize], &T) -> T + Send + Sync + 'a) -> Self
+    where
+        T: Send + Sync,
+    {
         Self::update(&Idx::zeros(shape.len()), shape, f)
     }
 
@@ -385,10 +460,16 @@ fn par_box(
         return false;
     }
     let threads = rayon::current_num_threads().max(1);
-    if threads == 1 {
+    if threads == 1 && rayon::current_thread_index().is_none() {
         visit_chunk(lo, hi, &st, 0..vol, &mut |iv, o| f(iv, o));
         return false;
     }
+    // On a worker of a one-thread pool, the chunks below run one after
+    // another on this thread at the cost of a few deque operations.  They
+    // go that way all the same, so that a large with-loop runs the same
+    // compiled loop at every pool size: the copy inlined here kept the
+    // with-loop's expression out of line (a call per element, which made
+    // the SAC kernel's generator form 7 % slower on one thread).
     let chunk = (vol / (threads * 8)).max(grain).max(1);
     let n = vol.div_ceil(chunk);
     let _unwind = AfterParallelOnUnwind;
@@ -425,16 +506,12 @@ fn run_gens<T: Send + Sync>(data: *mut T, shape: &[usize], gens: &[Gen<'_, T>]) 
     let p = SyncPtr(data);
     let mut par = false;
     for g in gens {
-        par |= par_box(&g.lo, &g.hi, shape, g.grain, |iv, off| {
-            // SAFETY: off < len (the box is inside the shape); generators do
-            // not overlap and chunks are disjoint, so no other worker touches
-            // this element during the with-loop.
-            unsafe {
-                let e = p.get().add(off);
-                let v = g.expr.eval(iv, &*e);
-                *e = v;
-            }
-        });
+        // SAFETY: the box is inside the shape (checked by the caller); the
+        // data is initialised; generators do not overlap, so no other
+        // generator's loop touches these elements.
+        par |= unsafe {
+            g.expr.run(Sweep { data: p.get(), lo: &g.lo, hi: &g.hi, shape, grain: g.grain, init: None })
+        };
     }
     if par {
         after_parallel();
@@ -461,10 +538,18 @@ where
         let g = &gens[0];
         let u = Array::<T, P>::alloc(shape).unwrap_or_else(|e| panic!("genarray: {e}"));
         let p = SyncPtr(u.data());
-        let par = par_box(&g.lo, &g.hi, shape, g.grain, |iv, off| {
-            // SAFETY: off < len; each element written exactly once.
-            unsafe { p.get().add(off).write(g.expr.eval(iv, &default)) };
-        });
+        // SAFETY: the box is the whole shape; the elements are
+        // uninitialised and written exactly once.
+        let par = unsafe {
+            g.expr.run(Sweep {
+                data: p.get(),
+                lo: &g.lo,
+                hi: &g.hi,
+                shape,
+                grain: g.grain,
+                init: Some(&default),
+            })
+        };
         // SAFETY: the single generator covered all len elements.
         let a = unsafe { u.assume_init() };
         if par {

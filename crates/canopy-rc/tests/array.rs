@@ -347,3 +347,45 @@ fn vector_with_loops_cover_subranges_sequential_and_parallel() {
         assert_eq!(m.as_slice(), &want[..], "modarray_fn n={n}");
     }
 }
+
+#[test]
+fn with_loops_drop_each_replaced_element_once_at_every_pool_size() {
+    // A generator's loop is compiled for its expression and runs three ways
+    // (on the caller's thread, through a one-thread pool, and in parallel
+    // chunks); each must drop every replaced element exactly once and never
+    // an element it initialises (genarray's single generator writes
+    // uninitialised memory).  Lengths cover the short path and the chunked
+    // one, and a rank-2 box.
+    fn check(n: usize, shape: &[usize], how: &str) {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let d = drops.clone();
+        let made = Arc::new(AtomicUsize::new(0));
+        let m = made.clone();
+        let lo = vec![0; shape.len()];
+        let a: Array<Tracked, Atomic> = genarray(
+            shape,
+            Tracked(drops.clone()),
+            &[Gen::new(&lo, shape, move |_| {
+                m.fetch_add(1, Ordering::Relaxed);
+                Tracked(d.clone())
+            })],
+        );
+        // The default was cloned for no element: only `default` itself is
+        // dropped (when genarray returns).
+        assert_eq!(made.load(Ordering::Relaxed), n, "{how}: genarray made {n}");
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "{how}: genarray dropped only the default");
+        let d = drops.clone();
+        let a = a.modarray(&[Gen::update(&lo, shape, move |_, _old| Tracked(d.clone()))]);
+        assert_eq!(drops.load(Ordering::SeqCst), 1 + n, "{how}: modarray dropped each old element once");
+        drop(a);
+        assert_eq!(drops.load(Ordering::SeqCst), 1 + 2 * n, "{how}: the array's drop");
+    }
+    let cases: [(usize, &[usize]); 4] = [(1, &[1]), (300, &[300]), (9000, &[9000]), (9000, &[90, 100])];
+    for (n, shape) in cases {
+        check(n, shape, &format!("caller's thread, shape {shape:?}"));
+        for t in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build().unwrap();
+            pool.install(|| check(n, shape, &format!("{t}-thread pool, shape {shape:?}")));
+        }
+    }
+}

@@ -88,3 +88,43 @@ fn parallel_copy_in_modarray_ships_workers_counts() {
         "array not freed after its last reference went (workers' increments left pending)"
     );
 }
+
+/// An element whose drop panics once it is armed, counting every drop.
+struct Fragile {
+    armed: bool,
+    drops: Arc<AtomicUsize>,
+}
+impl Clone for Fragile {
+    fn clone(&self) -> Self {
+        Fragile { armed: self.armed, drops: self.drops.clone() }
+    }
+}
+impl Drop for Fragile {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, Ordering::SeqCst);
+        if self.armed {
+            panic!("element drop fails");
+        }
+    }
+}
+
+/// A `modarray` in which dropping a replaced element panics: the new value
+/// is already in place (as with `*e = v`), so the array never holds a
+/// dropped element, and dropping the array afterwards drops each of its
+/// elements once (a drop before the write would drop that element twice).
+#[test]
+fn modarray_replaced_element_drop_panic_drops_nothing_twice() {
+    let _s = serial();
+    let drops = Arc::new(AtomicUsize::new(0));
+    let n = 8;
+    let a: Array<Fragile, Atomic> = Array::from_fn(&[n], |i| Fragile { armed: i == 3, drops: drops.clone() });
+    // On the caller's thread (short vector), so the panic stops the loop
+    // at element 3 and `a` is dropped while the panic unwinds.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        a.modarray(&[Gen::new(&[0], &[n], |_| Fragile { armed: false, drops: drops.clone() })])
+    }));
+    assert!(r.is_err(), "the element's panicking drop propagates");
+    // Elements 0..=3 were replaced (their old values dropped: 4), then the
+    // array went with the unwind: its 8 elements, each dropped once.
+    assert_eq!(drops.load(Ordering::SeqCst), 4 + n);
+}
