@@ -5,8 +5,10 @@
 //! and must not overlap (as in SAC); elements no generator covers take the
 //! default (`genarray`) or keep their value (`modarray`).  The index space of
 //! each generator is cut into chunks that run on the rayon pool; each worker
-//! allocates from its own Canopy heap.  Ranges smaller than the generator's
-//! grain (default 2048 elements) run on the calling thread.
+//! allocates from its own Canopy heap.  Ranges smaller than twice the
+//! generator's grain (default 2048 elements) run on the calling thread, and
+//! so does everything when the pool has one thread and the caller is not
+//! one of its workers.
 //!
 //! Bad input panics with a message naming the generator and the shapes.
 
@@ -437,7 +439,8 @@ fn visit_chunk(
 }
 
 /// Run `f(iv, offset)` for every index of `lo..hi`, in parallel chunks of at
-/// least `grain` elements.  Returns whether it ran in parallel.
+/// least `grain` elements.  Returns whether it ran through the rayon pool
+/// (the caller then ships the workers' count operations).
 fn par_box(
     lo: &[usize],
     hi: &[usize],
@@ -468,8 +471,9 @@ fn par_box(
     // another on this thread at the cost of a few deque operations.  They
     // go that way all the same, so that a large with-loop runs the same
     // compiled loop at every pool size: the copy inlined here kept the
-    // with-loop's expression out of line (a call per element, which made
-    // the SAC kernel's generator form 7 % slower on one thread).
+    // with-loop's expression out of line, a call per element (the SAC
+    // kernel's generator form at X = 25 took 80-82 ms on one thread that
+    // way, 69-72 ms this way).
     let chunk = (vol / (threads * 8)).max(grain).max(1);
     let n = vol.div_ceil(chunk);
     let _unwind = AfterParallelOnUnwind;
