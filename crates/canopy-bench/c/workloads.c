@@ -22,6 +22,13 @@
  *   churn          thousands of short-lived threads, THREADS alive at a time, each
  *                  allocating a few hundred blocks and freeing most of them; the
  *                  parent frees the rest after the join.
+ *   mixed          one thread allocates and frees small blocks (16..256 bytes,
+ *                  a few live at a time) while THREADS-1 others allocate and
+ *                  free large ones (64..544 KiB, first and last byte written):
+ *                  a server that mixes buffers with small objects.  Large
+ *                  blocks go through an allocator's shared structures, small
+ *                  ones should not notice.  With one thread, it does both parts
+ *                  one after the other.
  *
  * All randomness comes from seeded xorshift generators, one per thread, and no
  * decision depends on timing, so every allocator does exactly the same work.
@@ -412,12 +419,68 @@ static void churn(void) {
     atomic_fetch_add(&g_ops, (uint64_t)(waves * g_threads));
 }
 
+/* ---- mixed sizes -------------------------------------------------------- */
+
+enum { MIXED_LIVE = 4 };
+
+static void *mixed_small(void *arg) {
+    (void)arg;
+    rng_t r = rng_for(0x313000);
+    void *live[MIXED_LIVE] = {0};
+    uint64_t sum = 0;
+    long pairs = 1000000L * g_scale;
+    for (long i = 0; i < pairs; i++) {
+        long s = (long)below(&r, MIXED_LIVE);
+        if (live[s] != NULL) sum += tagged_free(live[s]);
+        live[s] = tagged_new(16 + below(&r, 241), next(&r));
+    }
+    for (long s = 0; s < MIXED_LIVE; s++)
+        if (live[s] != NULL) sum += tagged_free(live[s]);
+    atomic_fetch_add(&g_checksum, sum);
+    atomic_fetch_add(&g_ops, (uint64_t)pairs);
+    return NULL;
+}
+
+static void *mixed_large(void *arg) {
+    long tid = (long)arg;
+    rng_t r = rng_for(0x314000 + (uint64_t)tid);
+    int others = g_threads > 1 ? g_threads - 1 : 1;
+    long ops = 50000L * g_scale / others;
+    uint64_t sum = 0;
+    for (long i = 0; i < ops; i++) {
+        size_t size = (size_t)(64 + 32 * below(&r, 16)) << 10;
+        unsigned char *p = xmalloc(size);
+        uint64_t v = next(&r);
+        p[0] = (unsigned char)v;
+        p[size - 1] = (unsigned char)(v >> 8);
+        escape(p);
+        sum += (uint64_t)p[0] + p[size - 1];
+        free(p);
+    }
+    atomic_fetch_add(&g_checksum, sum);
+    atomic_fetch_add(&g_ops, (uint64_t)ops);
+    return NULL;
+}
+
+static void *mixed_thread(void *arg) {
+    return (long)arg == 0 ? mixed_small(arg) : mixed_large(arg);
+}
+
+static void mixed(void) {
+    if (g_threads == 1) {
+        mixed_small((void *)0);
+        mixed_large((void *)1);
+        return;
+    }
+    run_threads(g_threads, mixed_thread);
+}
+
 /* ---- main --------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
     if (argc < 4 || argc > 5) {
         fprintf(stderr,
-                "usage: workloads larson|prodcons|cache-scratch|cache-thrash|sizewalk|churn "
+                "usage: workloads larson|prodcons|cache-scratch|cache-thrash|sizewalk|churn|mixed "
                 "THREADS SCALE [SEED]\n");
         return 2;
     }
@@ -434,6 +497,7 @@ int main(int argc, char **argv) {
     else if (strcmp(name, "cache-thrash") == 0) cache(0);
     else if (strcmp(name, "sizewalk") == 0) sizewalk();
     else if (strcmp(name, "churn") == 0) churn();
+    else if (strcmp(name, "mixed") == 0) mixed();
     else die("unknown workload");
     double seconds = now() - t0;
 

@@ -357,7 +357,8 @@ fn cargo_build_release(ws: &Path, art: &CargoArtifact, reason: &str) -> Result<V
 pub enum CProgram {
     /// `c/sac.c`: the SAC with-loop microbenchmark.
     Sac,
-    /// `c/workloads.c`: Larson, producer/consumer, false sharing, size walk, thread churn.
+    /// `c/workloads.c`: Larson, producer/consumer, false sharing, size walk, thread churn,
+    /// mixed sizes.
     Workloads,
 }
 
