@@ -85,6 +85,10 @@ pub struct GlobalCounters {
     pub heaps_abandoned: u64,
 }
 
+/// 128-byte aligned: the lock and the state are written by whichever thread
+/// holds the lock, and no other static may share their lines (see
+/// `arena::FastKeys`).
+#[repr(align(128))]
 pub(crate) struct Global {
     pub lock: canopy_sync::SoloLock,
     pub state: UnsafeCell<GlobalState>,

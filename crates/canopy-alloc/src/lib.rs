@@ -72,6 +72,11 @@ pub use size_class::{SizeClass, MEDIUM_MAX, NUM_CLASSES, SMALL_CLASSES, SMALL_MA
 use size_class::small_class_index;
 use thread::tls_heap;
 
+/// In a 128-byte-aligned block of its own: slow paths of every thread read
+/// the options, and beside other statics (the global heap's counters) each
+/// of their writes would take the line from those readers (see
+/// `arena::FastKeys`).
+#[repr(align(128))]
 struct OptCell(UnsafeCell<Options>);
 // SAFETY: written once under the init lock before READY is published
 // (Release); read only after observing READY (Acquire) in `options()`.
