@@ -657,3 +657,52 @@ fn sqlite_builds_an_index_and_aggregates() {
         assert_eq!(text(&out.stdout), want, "sqlite3 (check={check})");
     }
 }
+
+/// The statics every thread touches sit alone in 128-byte blocks of the
+/// built library: `FAST_KEYS` (the arena base and flight-tag key, read by
+/// every `free`), the global heap and the options.  When the keys shared a
+/// line with the global heap's lock, a thread freeing small blocks beside one
+/// allocating large ones ran at half speed; link-time optimisation splits
+/// the keys' struct into two globals unless its address escapes, so the
+/// layout is checked on the library itself (`nm`, from binutils, which the C
+/// programs here need anyway).
+#[test]
+fn hot_statics_sit_alone_in_their_cache_blocks() {
+    let out = Command::new("nm")
+        .args(["-C", "-S", "--defined-only"])
+        .arg(lib())
+        .output()
+        .expect("run nm (binutils) on the library");
+    assert!(out.status.success(), "nm failed: {}", String::from_utf8_lossy(&out.stderr));
+    // (address, size, name) of every data symbol.
+    let syms: Vec<(u64, u64, String)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(4, ' ');
+            let (a, s, t, n) = (f.next()?, f.next()?, f.next()?, f.next()?);
+            if !matches!(t, "d" | "D" | "b" | "B") {
+                return None;
+            }
+            Some((u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(s, 16).ok()?, n.to_string()))
+        })
+        .collect();
+    for (name, exact) in [
+        ("canopy_alloc::arena::FAST_KEYS", Some(128)),
+        ("canopy_alloc::global::GLOBAL", None),
+        ("canopy_alloc::OPTIONS", None),
+    ] {
+        let found: Vec<_> = syms.iter().filter(|s| s.2 == name).collect();
+        assert_eq!(found.len(), 1, "{name}: expected one symbol, found {found:?} (split by LTO?)");
+        let (addr, size, _) = found[0];
+        if let Some(e) = exact {
+            assert_eq!(*size, e, "{name}: size");
+        }
+        assert_eq!(addr % 128, 0, "{name} at {addr:#x}: not 128-byte aligned");
+        let end = addr + size.div_ceil(128) * 128;
+        let neighbours: Vec<_> = syms
+            .iter()
+            .filter(|s| s.2 != name && s.1 > 0 && s.0 < end && s.0 + s.1 > *addr)
+            .collect();
+        assert!(neighbours.is_empty(), "{name} ({addr:#x}..{end:#x}) shares its blocks with {neighbours:?}");
+    }
+}
