@@ -208,8 +208,10 @@ pub const UNINIT_BASE: usize = 0usize.wrapping_sub(MAX_UNITS << UNIT_SHIFT);
 /// then read by every thread on every call.  As plain statics they shared
 /// a cache line with the global heap's lock and every write there (any
 /// thread's lock, unlock or global statistics) took the line from the other
-/// cores: with two threads the SAC kernel's `free` waited on that load, and
-/// the allocator cost 11.3 ns per pair against 7.2 ns on one thread.
+/// cores.  A thread freeing `malloc(100)` blocks beside one allocating and
+/// freeing 300 KB blocks (the global heap, under its lock) ran at half speed
+/// (1150 ms against 630 ms); the `mixed` workload of the benchmarks is that
+/// pattern.
 #[repr(C, align(128))]
 pub(crate) struct FastKeys {
     /// Base address of the arena ([`UNINIT_BASE`] until initialised).
