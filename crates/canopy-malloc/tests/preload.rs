@@ -58,7 +58,7 @@ fn newer_source(lib: &Path) -> Option<PathBuf> {
     let built = std::fs::metadata(lib).and_then(|m| m.modified()).ok()?;
     let mut stack: Vec<PathBuf> = ["canopy-malloc", "canopy-alloc", "canopy-region", "canopy-sys", "canopy-sync"]
         .iter()
-        .flat_map(|c| [workspace().join("crates").join(c).join("src"), workspace().join("crates").join(c).join("Cargo.toml")])
+        .flat_map(|c| ["src", "Cargo.toml", "build.rs"].map(|f| workspace().join("crates").join(c).join(f)))
         .collect();
     while let Some(p) = stack.pop() {
         let Ok(m) = std::fs::metadata(&p) else { continue };
@@ -102,7 +102,10 @@ fn compile_linked(name: &str) -> PathBuf {
 
 fn compile_with(name: &str, link: &[String]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(format!("{name}.c"));
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("canopy-c-{name}"));
+    // The same program linked differently gets a name of its own.
+    let flags = link.iter().flat_map(|s| s.bytes()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let file = if link.is_empty() { format!("canopy-c-{name}") } else { format!("canopy-c-{name}-{flags:016x}") };
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(file);
     let st = Command::new("cc")
         .args(["-O1", "-g", "-pthread", "-Wall", "-Wno-alloc-size-larger-than"])
         .arg("-I")
@@ -705,4 +708,61 @@ fn hot_statics_sit_alone_in_their_cache_blocks() {
             .collect();
         assert!(neighbours.is_empty(), "{name} ({addr:#x}..{end:#x}) shares its blocks with {neighbours:?}");
     }
+}
+
+/// The library exports the C allocation API and `canopy_*`, nothing else
+/// (an exported `_Unwind_*` from the unwinder linked into it would take the
+/// place of the program's own), and needs only libc and the dynamic loader:
+/// the unwinder comes from libgcc_eh, linked in, so no process pays for
+/// mapping libgcc_s (80-100 KiB of resident pages in a small program).
+#[test]
+fn the_library_exports_the_c_api_and_needs_only_libc() {
+    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(lib()).output().expect("run nm (binutils) on the library");
+    assert!(out.status.success(), "nm failed: {}", text(&out.stderr));
+    const C_API: &[&str] = &[
+        "malloc", "free", "calloc", "realloc", "reallocarray", "posix_memalign", "aligned_alloc", "memalign", "valloc",
+        "pvalloc", "malloc_usable_size", "free_sized", "free_aligned_sized", "cfree", "mallopt", "malloc_trim",
+        "malloc_stats", "malloc_info", "mallinfo", "mallinfo2", "__libc_malloc", "__libc_free", "__libc_calloc",
+        "__libc_realloc", "__libc_memalign", "__libc_valloc", "__libc_pvalloc",
+    ];
+    let exported: Vec<String> = text(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // Global definitions only ("T", "D", "B", ...); "w"/"V" weak ones
+            // from the C runtime's start files have no address in `-D` output.
+            (f.len() == 3 && f[1].chars().all(|c| c.is_ascii_uppercase())).then(|| f[2].split('@').next().unwrap().to_string())
+        })
+        .collect();
+    for must in ["malloc", "free", "free_sized", "canopy_alloc_class", "canopy_free_class", "canopy_ralloc"] {
+        assert!(exported.iter().any(|s| s == must), "{must} is not exported: {exported:?}");
+    }
+    let stray: Vec<&String> = exported.iter().filter(|s| !s.starts_with("canopy_") && !C_API.contains(&s.as_str())).collect();
+    assert!(stray.is_empty(), "the library exports symbols outside its API: {stray:?}");
+
+    let out = Command::new("readelf").args(["-d"]).arg(lib()).output().expect("run readelf (binutils) on the library");
+    assert!(out.status.success(), "readelf failed: {}", text(&out.stderr));
+    let needed: Vec<String> = text(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| Some(l.split('[').nth(1)?.trim_end_matches(']').to_string()))
+        .collect();
+    assert!(needed.iter().any(|n| n.starts_with("libc.so")), "libc not among {needed:?}");
+    let other: Vec<&String> = needed.iter().filter(|n| !n.starts_with("libc.so") && !n.starts_with("ld-linux")).collect();
+    assert!(other.is_empty(), "the library needs more than libc: {other:?}");
+}
+
+/// A C program linked statically against `libcanopy_malloc.a` (what
+/// `cargo build` also makes) gets Canopy's `malloc` and the rich interface
+/// with the compiler's usual libraries, the unwinder included.
+#[test]
+fn c_program_linked_with_the_static_library() {
+    let a = lib().with_file_name("libcanopy_malloc.a");
+    if !a.exists() {
+        panic!("{} missing: `cargo build --release -p canopy-malloc` makes it beside the shared library", a.display());
+    }
+    // -rdynamic: api.c looks the rich interface up with dlsym.
+    let exe = compile_with("api", &["-rdynamic".into(), a.display().to_string(), "-lm".into()]);
+    let out = Command::new(&exe).env("CANOPY_CHECK", "0").env_remove("LD_PRELOAD").output().expect("run program");
+    expect_ok(&out, "api ok", "api.c linked with the static library");
 }
