@@ -20,7 +20,12 @@
 //!
 //! Free spans sit in bins by length: bins 1..=63 hold spans of exactly that
 //! many units, bin 64 the longer ones.  Lists are doubly linked through the
-//! descriptors so a neighbour can be unlinked in O(1) when coalescing.
+//! descriptors so a neighbour can be unlinked in O(1) when coalescing, and a
+//! word with a bit per non-empty bin leads a request to the first bin that
+//! can serve it.  The work of a span operation is proportional to the units
+//! handed out or given back, never to the free span they are cut from or
+//! merged into: the body units of a free span keep their marks when the span
+//! is split or grows, and only the units at its ends change.
 //!
 //! Locking: one lock (`GLOBAL.lock`) guards the spans, the list of heaps and
 //! the abandoned heaps.  It is only taken on slow paths, and not at all while
@@ -39,6 +44,8 @@ pub(crate) struct GlobalState {
     pub top: usize,
     /// Heads of the span bins (index = length, 64 = longer).
     bins: [*mut Desc; BINS],
+    /// Bit `b` set: `bins[b]` is not empty.
+    nonempty: u128,
     /// Units of free spans that may hold memory (clean mark not 0): what a
     /// decommit of every free span would give back.
     pub free_committed_units: usize,
@@ -103,6 +110,7 @@ pub(crate) static GLOBAL: Global = Global {
     state: UnsafeCell::new(GlobalState {
         top: 0,
         bins: [ptr::null_mut(); BINS],
+        nonempty: 0,
         free_committed_units: 0,
         free_units: 0,
         over_since_ms: 0,
@@ -140,24 +148,39 @@ fn bin_of(units: usize) -> usize {
 }
 
 impl GlobalState {
-    /// Put a free span in its bin and mark its units.  Its flags come from
-    /// its units' clean marks (see `free_span`): committed if any unit may
-    /// hold memory, zeroed if none does; the head keeps the count of units
-    /// that may (`Desc::spare`), which is what `free_committed_units` adds
-    /// up, so a span merged from decommitted and committed pieces counts only
-    /// the committed ones.
+    /// Put a free span of units that are not marked free yet (fresh units
+    /// above `top`) in its bin: mark every unit, count the ones that may hold
+    /// memory.  O(n): for the units of a span being created, not of one that
+    /// exists.
     unsafe fn insert_free(&mut self, idx: usize, n: usize) {
         debug_assert!(n > 0);
         // SAFETY: idx..idx+n are arena units owned by the global heap.
         unsafe {
             let dirty = dirty_units(idx, n);
             arena::mark_units(idx, n, kind::FREE_BODY);
+            self.link_free(idx, n, dirty);
+        }
+    }
+
+    /// Put the free span `idx..idx+n` in its bin.  Units `idx+1..idx+n`
+    /// already carry `FREE_BODY` (their owner 0) and `dirty` of the span's
+    /// units have a clean mark that is not 0; here only the first unit (made
+    /// the head) and the last (pointed back at it) are written.  The span's
+    /// flags come from `dirty`: committed if any unit may hold memory, zeroed
+    /// if none does; the head keeps the count (`Desc::spare`), which is what
+    /// `free_committed_units` adds up, so a span merged from decommitted and
+    /// committed pieces counts only the committed ones.
+    unsafe fn link_free(&mut self, idx: usize, n: usize, dirty: usize) {
+        debug_assert!(n > 0);
+        debug_assert_eq!(dirty, unsafe { dirty_units(idx, n) }, "a free span's committed-unit count");
+        // SAFETY: idx..idx+n are arena units owned by the global heap.
+        unsafe {
             let first = desc(idx);
+            (*first).owner.store(0, core::sync::atomic::Ordering::Relaxed);
             (*first).kind = kind::FREE_SPAN;
             (*first).a = n as u32;
             (*first).flags = if dirty == 0 { SPAN_ZEROED } else { SPAN_COMMITTED };
             (*first).spare = dirty as u64;
-            let last = desc(idx + n - 1);
             let b = bin_of(n);
             (*first).prev = ptr::null_mut();
             (*first).next = self.bins[b];
@@ -165,16 +188,19 @@ impl GlobalState {
                 (*self.bins[b]).prev = first;
             }
             self.bins[b] = first;
+            self.nonempty |= 1 << b;
             if n > 1 {
                 // The last unit points back at the first for left coalescing.
+                let last = desc(idx + n - 1);
+                debug_assert_eq!((*last).kind, kind::FREE_BODY);
                 (*last).next = first;
             }
-            self.free_committed_units += dirty;
         }
+        self.free_committed_units += dirty;
         self.free_units += n;
     }
 
-    /// Take a free span out of its bin.
+    /// Take a free span out of its bin.  Its units keep their marks.
     unsafe fn unlink_free(&mut self, first: *mut Desc) {
         // SAFETY: first is the head unit of a free span in a bin.
         unsafe {
@@ -183,6 +209,9 @@ impl GlobalState {
             if (*first).prev.is_null() {
                 debug_assert_eq!(self.bins[b], first);
                 self.bins[b] = (*first).next;
+                if self.bins[b].is_null() {
+                    self.nonempty &= !(1 << b);
+                }
             } else {
                 (*(*first).prev).next = (*first).next;
             }
@@ -191,6 +220,20 @@ impl GlobalState {
             }
             self.free_units -= n;
             self.free_committed_units -= (*first).spare as usize;
+        }
+    }
+
+    /// Put back the part `idx..idx+n` of a free span just unlinked, of which
+    /// it is the tail (its last unit is the span's: already `FREE_BODY`
+    /// pointing at the old head, or the old head itself when `n` is 1),
+    /// holding `dirty` committed units.
+    unsafe fn relink_tail(&mut self, idx: usize, n: usize, dirty: usize) {
+        // SAFETY: forwarded; the units are a free span's.
+        unsafe {
+            if n > 1 {
+                (*desc(idx + n - 1)).kind = kind::FREE_BODY;
+            }
+            self.link_free(idx, n, dirty);
         }
     }
 
@@ -218,9 +261,12 @@ impl GlobalState {
     /// [`alloc_span`](Self::alloc_span) without the decommit check.
     unsafe fn alloc_span_fit(&mut self, n: usize, align: usize) -> Option<(usize, bool)> {
         debug_assert!(align.is_power_of_two() && n > 0);
-        // Bins first: first fit, a few candidates per bin.
-        let mut b = bin_of(n);
-        while b < BINS {
+        // Bins first: first fit, a few candidates per bin, only the bins
+        // that hold spans.
+        let mut bins = self.nonempty >> bin_of(n) << bin_of(n);
+        while bins != 0 {
+            let b = bins.trailing_zeros() as usize;
+            bins &= bins - 1;
             let mut d = self.bins[b];
             let mut tries = 0;
             while !d.is_null() && tries < 16 {
@@ -231,21 +277,31 @@ impl GlobalState {
                 if len >= n && at + n <= s + len {
                     // SAFETY: d is in a bin; the pieces are ours to re-insert.
                     unsafe {
+                        let spare = (*d).spare as usize;
                         self.unlink_free(d);
+                        // The pieces left over keep their units' marks: only
+                        // the units handed out and an alignment gap (shorter
+                        // than the alignment) are counted.
+                        let taken = dirty_units(at, n);
+                        let mut rest = spare - taken;
                         if at > s {
-                            self.insert_free(s, at - s);
+                            let front = dirty_units(s, at - s);
+                            rest -= front;
+                            if at - s > 1 {
+                                (*desc(at - 1)).kind = kind::FREE_BODY;
+                            }
+                            self.link_free(s, at - s, front);
                         }
                         if at + n < s + len {
-                            self.insert_free(at + n, s + len - at - n);
+                            self.relink_tail(at + n, s + len - at - n, rest);
                         }
-                        return Some((at, dirty_units(at, n) == 0));
+                        return Some((at, taken == 0));
                     }
                 }
                 // SAFETY: d is a valid descriptor in the list.
                 d = unsafe { (*d).next };
                 tries += 1;
             }
-            b += 1;
         }
         // Then fresh units from the top of the arena.
         let at = (self.top + align - 1) & !(align - 1);
@@ -282,9 +338,10 @@ impl GlobalState {
                 return false;
             }
             let avail = (*right).a as usize;
+            let spare = (*right).spare as usize;
             self.unlink_free(right);
             if avail > need {
-                self.insert_free(end + need, avail - need);
+                self.relink_tail(end + need, avail - need, spare - dirty_units(end, need));
             }
             arena::mark_units(end, need, kind::LARGE_BODY);
         }
@@ -314,10 +371,17 @@ impl GlobalState {
     /// handed out).  Marks survive splitting and coalescing, so a short large
     /// chunk cut from a span can skip trimming a tail that is already clean.
     pub(crate) unsafe fn free_span(&mut self, idx: usize, n: usize, committed: bool, retain_bytes: usize, clean_from: Option<usize>) {
+        let mut dirty = 0;
         for k in 0..n {
             let mark = if committed { clean_from.map_or(UNIT, |c| c.saturating_sub(k * UNIT).min(UNIT)) } else { 0 };
             // SAFETY: the units are ours to give back (caller's contract).
-            unsafe { (*desc(idx + k)).limit = mark as u32 };
+            unsafe {
+                let d = desc(idx + k);
+                (*d).limit = mark as u32;
+                (*d).owner.store(0, core::sync::atomic::Ordering::Relaxed);
+                (*d).kind = kind::FREE_BODY;
+            }
+            dirty += usize::from(mark != 0);
         }
         let mut start = idx;
         let mut len = n;
@@ -336,6 +400,7 @@ impl GlobalState {
                     let hl = (*head).a as usize;
                     let hs = desc_index(head);
                     debug_assert_eq!(hs + hl, start);
+                    dirty += (*head).spare as usize;
                     self.unlink_free(head);
                     start = hs;
                     len += hl;
@@ -346,12 +411,15 @@ impl GlobalState {
                 let right = desc(start + len);
                 if (*right).kind == kind::FREE_SPAN {
                     let rl = (*right).a as usize;
+                    dirty += (*right).spare as usize;
                     self.unlink_free(right);
+                    // Its head is a body unit of the merged span now.
+                    (*right).kind = kind::FREE_BODY;
                     len += rl;
                     self.stats.span_coalescings += 1;
                 }
             }
-            self.insert_free(start, len);
+            self.link_free(start, len, dirty);
         }
         // SAFETY: we hold the lock (caller's contract).
         unsafe { self.apply_retain_policy(retain_bytes, crate::options().decay_ms, now_ms) };
@@ -495,6 +563,9 @@ impl GlobalState {
         }
         if units != self.free_units || committed != self.free_committed_units {
             return Err("free unit counters disagree with the bins");
+        }
+        if (0..BINS).any(|b| (self.nonempty >> b & 1 == 1) == self.bins[b].is_null()) || self.nonempty >> BINS != 0 {
+            return Err("the word of non-empty bins disagrees with the bins");
         }
         Ok(())
     }

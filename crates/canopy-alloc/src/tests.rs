@@ -604,6 +604,63 @@ fn free_memory_above_the_retain_limit_goes_back_after_the_delay() {
     check_invariants().unwrap();
 }
 
+/// Spans cut from a long free span, with and without alignment, and given
+/// back in a scrambled order, committed or clean: after every step the bins,
+/// the body marks, the back links, the committed-unit counts and the word of
+/// non-empty bins agree (`GlobalState::check`).  A split rewrites only the
+/// units at the ends of the pieces, a merge only the units freed and the
+/// joined heads, so this is what checks that the marks it leaves alone were
+/// right already.
+#[test]
+fn chunks_cut_from_a_long_free_span_and_given_back_keep_the_bins_sound() {
+    let _g = serial();
+    assert!(thread::ensure_init(), "the arena is there");
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move |n: u64| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    let locked = solo::lock();
+    // SAFETY: the global lock is held throughout; every span is taken from
+    // the global heap, marked as a large chunk's at once (as `alloc_large`
+    // does before it lets go of the lock) and given back exactly once.
+    unsafe {
+        let g = global::state();
+        let (base, _) = g.alloc_span(300, 1).expect("300 units");
+        arena::mark_units(base, 300, arena::kind::LARGE_BODY);
+        g.free_span(base, 300, true, usize::MAX, None);
+        g.check().expect("one long free span");
+        let mut live: Vec<(usize, usize)> = Vec::new();
+        for step in 0..2000 {
+            if live.len() < 24 && (live.is_empty() || rnd(3) != 0) {
+                let n = 1 + rnd(20) as usize;
+                let align = 1 << rnd(5);
+                let (idx, _) = g.alloc_span(n, align).expect("units");
+                assert_eq!(idx % align, 0, "step {step}: alignment {align}");
+                arena::mark_units(idx, n, arena::kind::LARGE_BODY);
+                live.push((idx, n));
+            } else {
+                let (idx, n) = live.swap_remove(rnd(live.len() as u64) as usize);
+                if rnd(4) == 0 {
+                    canopy_sys::decommit(arena::unit_addr(desc(idx)), n * arena::UNIT).expect("decommit");
+                    g.free_span(idx, n, false, usize::MAX, None);
+                } else {
+                    g.free_span(idx, n, true, usize::MAX, Some(rnd(n as u64 * arena::UNIT as u64) as usize));
+                }
+            }
+            if let Err(e) = g.check() {
+                panic!("step {step}: {e}");
+            }
+        }
+        for (idx, n) in live {
+            g.free_span(idx, n, true, usize::MAX, None);
+        }
+        g.check().expect("all given back");
+    }
+    solo::unlock(locked);
+    check_invariants().unwrap();
+}
+
 #[test]
 fn a_span_merged_from_clean_and_committed_pieces_counts_only_the_committed() {
     let _g = serial();
