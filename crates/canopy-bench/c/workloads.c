@@ -29,6 +29,11 @@
  *                  blocks go through an allocator's shared structures, small
  *                  ones should not notice.  With one thread, it does both parts
  *                  one after the other.
+ *   phases         each thread builds a heap of 64 blocks of 1 MiB (one byte
+ *                  written per 4 KiB page) and frees it, then allocates and
+ *                  frees 256..544 KiB blocks (first and last byte written):
+ *                  a program whose large requests, after a phase that freed a
+ *                  lot, are cut from a long run of free memory.
  *
  * All randomness comes from seeded xorshift generators, one per thread, and no
  * decision depends on timing, so every allocator does exactly the same work.
@@ -475,12 +480,51 @@ static void mixed(void) {
     run_threads(g_threads, mixed_thread);
 }
 
+/* ---- phases ------------------------------------------------------------- */
+
+enum { PHASE_BLOCKS = 64, PHASE_BLOCK = 1 << 20 };
+
+static void *phases_thread(void *arg) {
+    long tid = (long)arg;
+    rng_t r = rng_for(0x315000 + (uint64_t)tid);
+    uint64_t sum = 0;
+    /* Phase 1: a heap of large blocks, touched page by page, then freed. */
+    unsigned char *big[PHASE_BLOCKS];
+    for (int i = 0; i < PHASE_BLOCKS; i++) {
+        big[i] = xmalloc(PHASE_BLOCK);
+        for (size_t k = 0; k < PHASE_BLOCK; k += 4096) big[i][k] = (unsigned char)(i + k);
+    }
+    for (int i = 0; i < PHASE_BLOCKS; i++) {
+        sum += big[i][PHASE_BLOCK - 4096];
+        free(big[i]);
+    }
+    /* Phase 2: blocks of 256..544 KiB, one at a time. */
+    long ops = 25000L * g_scale;
+    for (long i = 0; i < ops; i++) {
+        size_t size = (size_t)(256 + 32 * below(&r, 10)) << 10;
+        unsigned char *p = xmalloc(size);
+        uint64_t v = next(&r);
+        p[0] = (unsigned char)v;
+        p[size - 1] = (unsigned char)(v >> 8);
+        escape(p);
+        sum += (uint64_t)p[0] + p[size - 1];
+        free(p);
+    }
+    atomic_fetch_add(&g_checksum, sum);
+    atomic_fetch_add(&g_ops, (uint64_t)ops + 2 * PHASE_BLOCKS);
+    return NULL;
+}
+
+static void phases(void) {
+    run_threads(g_threads, phases_thread);
+}
+
 /* ---- main --------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
     if (argc < 4 || argc > 5) {
         fprintf(stderr,
-                "usage: workloads larson|prodcons|cache-scratch|cache-thrash|sizewalk|churn|mixed "
+                "usage: workloads larson|prodcons|cache-scratch|cache-thrash|sizewalk|churn|mixed|phases "
                 "THREADS SCALE [SEED]\n");
         return 2;
     }
@@ -498,6 +542,7 @@ int main(int argc, char **argv) {
     else if (strcmp(name, "sizewalk") == 0) sizewalk();
     else if (strcmp(name, "churn") == 0) churn();
     else if (strcmp(name, "mixed") == 0) mixed();
+    else if (strcmp(name, "phases") == 0) phases();
     else die("unknown workload");
     double seconds = now() - t0;
 

@@ -358,7 +358,7 @@ pub enum CProgram {
     /// `c/sac.c`: the SAC with-loop microbenchmark.
     Sac,
     /// `c/workloads.c`: Larson, producer/consumer, false sharing, size walk, thread churn,
-    /// mixed sizes.
+    /// mixed sizes, phases.
     Workloads,
 }
 

@@ -151,7 +151,7 @@ fn workloads_are_deterministic() {
     let prog = CProgram::Workloads
         .compile()
         .expect("compile c/workloads.c");
-    for name in ["larson", "prodcons", "churn", "mixed"] {
+    for name in ["larson", "prodcons", "churn", "mixed", "phases"] {
         let args: Vec<String> = vec![name.into(), "3".into(), "1".into()];
         let a = run_ok(&prog, &args, &Contender::glibc())
             .checksum()

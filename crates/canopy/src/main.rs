@@ -40,9 +40,10 @@ computed once) and the same kernel in Rust.
 malloc+free pair for each allocator, a repeatable number where times on a shared machine are not.
   workloads      General allocation patterns: a Larson server simulation (remote frees), \
 producer/consumer, cache-scratch and cache-thrash false sharing (as in the Hoard paper), a random \
-size walk from 8 B to 4 MiB (peak RSS), thread churn, and mixed sizes (one thread's small blocks \
-while others allocate and free large ones). Time and peak RSS relative to the best anchor and to \
-mimalloc, with geometric means.
+size walk from 8 B to 4 MiB (peak RSS), thread churn, mixed sizes (one thread's small blocks \
+while others allocate and free large ones) and phases (large blocks after a phase that freed \
+64 MiB per thread). Time and peak RSS relative to the best anchor and to mimalloc, with \
+geometric means.
 
 Region experiments (paper 002, Lyberis et al., \"The Myrmics Memory Allocator: Hierarchical, \
 Message-Passing Allocation for Global Address Spaces\"), run in-process on Canopy's region allocator:
@@ -139,15 +140,17 @@ enum Experiment {
                             each variant runs once. Needs valgrind (skipped with a message otherwise)."
     )]
     SacCallgrind(CallgrindArgs),
-    /// General workloads: Larson, producer/consumer, false sharing, size walk, thread churn, mixed sizes
+    /// General workloads: Larson, producer/consumer, false sharing, size walk, thread churn, mixed sizes, phases
     #[command(
         long_about = "General allocation workloads (c/workloads.c): larson (server simulation, tables handed \
                             between threads so frees are remote), prodcons (one thread allocates, another frees), \
                             cache-scratch and cache-thrash (allocator-induced false sharing, after the Hoard \
                             benchmarks), sizewalk (one thread, sizes log-uniform 8 B..4 MiB, realloc, peak RSS), \
                             churn (thousands of short-lived threads), mixed (one thread allocates and frees \
-                            small blocks while the others allocate and free 64..544 KiB ones). Time and peak \
-                            RSS relative to the best anchor and to mimalloc, with geometric means."
+                            small blocks while the others allocate and free 64..544 KiB ones), phases (each \
+                            thread builds and frees 64 MiB of 1 MiB blocks, then allocates and frees \
+                            256..544 KiB blocks: large requests cut from a long run of free memory). Time and \
+                            peak RSS relative to the best anchor and to mimalloc, with geometric means."
     )]
     Workloads(WorkloadArgs),
     /// Fragmentation in one region: requested bytes vs. full and partial slabs (paper 002, Fig. 4a-c)

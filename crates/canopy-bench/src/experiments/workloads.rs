@@ -1,7 +1,7 @@
 //! `workloads`: general allocation patterns from `c/workloads.c` on every
 //! contender (Larson server simulation, producer/consumer, cache-scratch and
 //! cache-thrash false sharing, a random size walk, thread churn, small
-//! blocks beside large ones).
+//! blocks beside large ones, large blocks after a phase that freed a lot).
 //!
 //! Reported per workload: median time and median peak RSS, each as a ratio to
 //! the best anchor (the fastest, or smallest, of the allocators other than
@@ -42,6 +42,7 @@ pub const WORKLOADS: &[Workload] = &[
     Workload { name: "sizewalk", about: "one thread, live pool of 8 B..4 MiB blocks, frees and reallocs, touches every byte" },
     Workload { name: "churn", about: "thousands of short-lived threads; a quarter of their blocks freed by the parent" },
     Workload { name: "mixed", about: "one thread's small blocks while the others allocate and free 64..544 KiB blocks" },
+    Workload { name: "phases", about: "each thread builds and frees 64 MiB of 1 MiB blocks, then allocates and frees 256..544 KiB blocks" },
 ];
 
 /// Options of the `workloads` experiment.
@@ -392,7 +393,7 @@ pub fn run(common: &Common, opts: &WorkloadOptions) -> Result<Finished> {
     let report = Report {
         experiment: "workloads".into(),
         title: "General allocation workloads: time and peak RSS".into(),
-        paper: "Larson, producer/consumer, false sharing (Hoard), size walk, thread churn, mixed sizes".into(),
+        paper: "Larson, producer/consumer, false sharing (Hoard), size walk, thread churn, mixed sizes, phases".into(),
         size: common.size,
         params: json!({ "threads": threads, "scale": sc, "runs": reps, "workloads": names }),
         machine,
