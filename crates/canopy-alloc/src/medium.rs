@@ -156,6 +156,9 @@ pub(crate) struct Medium {
     /// Never give a page back (the heap's inbox broke: see
     /// `Heap::inbox_broken`); empty pages stay for reuse by this heap.
     pub(crate) keep_pages: bool,
+    /// Bytes of chunks freed into the bins since the last coalescing pass
+    /// (see [`Medium::coalescing_may_pay`]).
+    freed_since_coalesce: usize,
 }
 
 #[inline]
@@ -178,7 +181,7 @@ fn bin_of(q: usize) -> Option<usize> {
 
 impl Medium {
     pub(crate) const fn new() -> Medium {
-        Medium { bins: [ptr::null_mut(); MEDIUM_CLASSES], page_list: ptr::null_mut(), current: ptr::null_mut(), pages: 0, live: [0; MEDIUM_CLASSES], keep_pages: false }
+        Medium { bins: [ptr::null_mut(); MEDIUM_CLASSES], page_list: ptr::null_mut(), current: ptr::null_mut(), pages: 0, live: [0; MEDIUM_CLASSES], keep_pages: false, freed_since_coalesce: 0 }
     }
 
     pub(crate) fn live_per_class(&self) -> [u64; MEDIUM_CLASSES] {
@@ -295,8 +298,9 @@ impl Medium {
                         return self.make_used(c, cls);
                     }
                 }
-                // 4. coalesce once, then retry
-                if attempt == 0 {
+                // 4. coalesce once, then retry, if enough was freed since
+                // the last pass for it to pay
+                if attempt == 0 && self.coalescing_may_pay() {
                     counters.coalescings += 1;
                     self.coalesce(counters);
                 }
@@ -442,6 +446,7 @@ impl Medium {
             let page = Medium::page_of(p);
             (*page).used -= 1;
             self.bin_push(c);
+            self.freed_since_coalesce = self.freed_since_coalesce.saturating_add((*c).size as usize);
             if (*page).used == 0 && page != self.current {
                 self.release_page(counters, page);
             }
@@ -488,10 +493,26 @@ impl Medium {
         }
     }
 
+    /// Whether a coalescing pass is worth its cost before a request takes a
+    /// new page: only once the chunks freed into the bins since the last
+    /// pass add up to a 64th of the heap's medium pages.  A pass walks every
+    /// chunk of every page; run on every request that missed, it was paid
+    /// again and again by a heap whose free chunks cannot merge (every other
+    /// chunk live): 4000 chunks of 9..45 KB, half of them freed, then 400 000
+    /// requests of 8..208 KiB took 2.0 s (24 333 passes; tcmalloc 4 ms,
+    /// mimalloc 76 ms, jemalloc 210 ms), now 20 ms.  What the heap takes
+    /// meanwhile instead of merging is bounded by what was freed, a 64th of
+    /// its pages: the size walk's peak RSS did not move (47.3 MiB; with the
+    /// threshold at the request's size instead, 48.1).
+    fn coalescing_may_pay(&self) -> bool {
+        self.freed_since_coalesce >= self.pages * PAGE / 64
+    }
+
     /// Merge adjacent free chunks in every page; a run that ends at the
     /// current page's bump offset lowers it (in another page it is binned).
     /// Empty pages other than the current go back (unless `keep_pages`).
     unsafe fn coalesce(&mut self, counters: &mut HeapCounters) {
+        self.freed_since_coalesce = 0;
         let mut page = self.page_list;
         while !page.is_null() {
             // SAFETY: pages and chunks of this heap.

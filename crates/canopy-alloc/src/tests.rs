@@ -110,6 +110,60 @@ fn medium_split_and_coalesce() {
     check_invariants().unwrap();
 }
 
+/// Deferred coalescing is paid for by frees: in a heap whose free chunks
+/// cannot merge (every other chunk live), requests that no bin can serve
+/// take new pages without walking the heap again and again; a pass comes
+/// back once a 64th of the heap's pages has been freed since the last.
+#[test]
+fn a_heap_that_cannot_merge_walks_its_chunks_again_only_after_enough_is_freed() {
+    let _g = shared();
+    std::thread::spawn(|| {
+        // 3000 chunks of 20 000 bytes (about 58 pages), every other one freed.
+        let ps: Vec<*mut u8> = (0..3000).map(|_| alloc(20_000)).collect();
+        assert!(ps.iter().all(|p| !p.is_null()));
+        for p in ps.iter().step_by(2) {
+            unsafe { free(*p) };
+        }
+        let h = thread::tls_heap();
+        // SAFETY: this thread's own heap, read between its own calls.
+        let (passes0, pages0) = unsafe { ((*h).counters.coalescings, (*h).medium.pages) };
+        assert!(pages0 >= 50, "{pages0} medium pages");
+        // 200 blocks of 250 000 bytes, kept: larger than any free chunk, so
+        // every time the page being bumped is full the request misses.
+        let big: Vec<*mut u8> = (0..200).map(|_| alloc(250_000)).collect();
+        assert!(big.iter().all(|p| !p.is_null()));
+        let (passes1, pages1) = unsafe { ((*h).counters.coalescings, (*h).medium.pages) };
+        assert!(pages1 >= pages0 + 40, "the 200 blocks took pages ({pages0} -> {pages1})");
+        // The frees before were worth one pass (1500 chunks, far more than a
+        // 64th of the heap); nothing was freed after it, so no other pass.
+        assert!(passes1 - passes0 <= 1, "{} passes for {} misses", passes1 - passes0, pages1 - pages0);
+        // Free a 64th of the heap and more: the next miss walks it again.
+        let heap_bytes = pages1 * arena::PAGE;
+        let mut freed = 0;
+        let mut kept = Vec::new();
+        for (i, p) in big.into_iter().enumerate() {
+            if freed < heap_bytes / 64 + 250_000 && i % 2 == 0 {
+                unsafe { free(p) };
+                freed += 250_000;
+            } else {
+                kept.push(p);
+            }
+        }
+        // Requests of 254 000 bytes fit no freed chunk of 250 000 (their
+        // bins differ) until a pass merges neighbours.
+        let more: Vec<*mut u8> = (0..12).map(|_| alloc(254_000)).collect();
+        assert!(more.iter().all(|p| !p.is_null()));
+        let passes2 = unsafe { (*h).counters.coalescings };
+        assert!(passes2 > passes1, "no pass after {freed} bytes freed in a heap of {heap_bytes}");
+        for p in ps.iter().skip(1).step_by(2).chain(kept.iter()).chain(more.iter()) {
+            unsafe { free(*p) };
+        }
+        check_invariants().unwrap();
+    })
+    .join()
+    .unwrap();
+}
+
 #[test]
 fn large_chunks_are_reused_not_unmapped() {
     let _g = serial();
