@@ -32,8 +32,10 @@
  *   phases         each thread builds a heap of 64 blocks of 1 MiB (one byte
  *                  written per 4 KiB page) and frees it, then allocates and
  *                  frees 256..544 KiB blocks (first and last byte written):
- *                  a program whose large requests, after a phase that freed a
- *                  lot, are cut from a long run of free memory.
+ *                  large requests cut from a long run of free memory.  Then
+ *                  it allocates 2000 blocks of 9..45 KB, frees every other
+ *                  one, and allocates and frees blocks of 8..208 KiB: requests
+ *                  in a heap whose free blocks cannot merge.
  *
  * All randomness comes from seeded xorshift generators, one per thread, and no
  * decision depends on timing, so every allocator does exactly the same work.
@@ -482,7 +484,7 @@ static void mixed(void) {
 
 /* ---- phases ------------------------------------------------------------- */
 
-enum { PHASE_BLOCKS = 64, PHASE_BLOCK = 1 << 20 };
+enum { PHASE_BLOCKS = 64, PHASE_BLOCK = 1 << 20, PHASE_MID = 2000 };
 
 static void *phases_thread(void *arg) {
     long tid = (long)arg;
@@ -510,8 +512,35 @@ static void *phases_thread(void *arg) {
         sum += (uint64_t)p[0] + p[size - 1];
         free(p);
     }
+    /* Phase 3: a heap of 9..45 KB blocks with every other one freed. */
+    unsigned char **mid = xmalloc(sizeof(unsigned char *) * PHASE_MID);
+    for (int i = 0; i < PHASE_MID; i++) {
+        size_t n = 9000 + 3000 * (size_t)(i % 13);
+        mid[i] = xmalloc(n);
+        mid[i][0] = (unsigned char)i;
+    }
+    for (int i = 0; i < PHASE_MID; i += 2) {
+        sum += mid[i][0];
+        free(mid[i]);
+    }
+    /* Phase 4: blocks of 8..208 KiB, one at a time, beside it. */
+    for (long i = 0; i < ops; i++) {
+        size_t size = 8192 + (size_t)below(&r, 200 << 10);
+        unsigned char *p = xmalloc(size);
+        uint64_t v = next(&r);
+        p[0] = (unsigned char)v;
+        p[size - 1] = (unsigned char)(v >> 8);
+        escape(p);
+        sum += (uint64_t)p[0] + p[size - 1];
+        free(p);
+    }
+    for (int i = 1; i < PHASE_MID; i += 2) {
+        sum += mid[i][0];
+        free(mid[i]);
+    }
+    free(mid);
     atomic_fetch_add(&g_checksum, sum);
-    atomic_fetch_add(&g_ops, (uint64_t)ops + 2 * PHASE_BLOCKS);
+    atomic_fetch_add(&g_ops, 2 * (uint64_t)ops + 2 * PHASE_BLOCKS + 2 * PHASE_MID);
     return NULL;
 }
 

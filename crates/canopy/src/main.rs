@@ -42,7 +42,7 @@ malloc+free pair for each allocator, a repeatable number where times on a shared
 producer/consumer, cache-scratch and cache-thrash false sharing (as in the Hoard paper), a random \
 size walk from 8 B to 4 MiB (peak RSS), thread churn, mixed sizes (one thread's small blocks \
 while others allocate and free large ones) and phases (large blocks after a phase that freed \
-64 MiB per thread). Time and peak RSS relative to the best anchor and to mimalloc, with \
+64 MiB per thread, medium ones beside a heap whose free blocks cannot merge). Time and peak RSS relative to the best anchor and to mimalloc, with \
 geometric means.
 
 Region experiments (paper 002, Lyberis et al., \"The Myrmics Memory Allocator: Hierarchical, \
@@ -149,8 +149,9 @@ enum Experiment {
                             churn (thousands of short-lived threads), mixed (one thread allocates and frees \
                             small blocks while the others allocate and free 64..544 KiB ones), phases (each \
                             thread builds and frees 64 MiB of 1 MiB blocks, then allocates and frees \
-                            256..544 KiB blocks: large requests cut from a long run of free memory). Time and \
-                            peak RSS relative to the best anchor and to mimalloc, with geometric means."
+                            256..544 KiB blocks: large requests cut from a long run of free memory; then \
+                            8..208 KiB blocks beside a heap of 9..45 KB blocks with every other one freed). \
+                            Time and peak RSS relative to the best anchor and to mimalloc, with geometric means."
     )]
     Workloads(WorkloadArgs),
     /// Fragmentation in one region: requested bytes vs. full and partial slabs (paper 002, Fig. 4a-c)

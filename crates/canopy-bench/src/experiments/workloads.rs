@@ -42,7 +42,7 @@ pub const WORKLOADS: &[Workload] = &[
     Workload { name: "sizewalk", about: "one thread, live pool of 8 B..4 MiB blocks, frees and reallocs, touches every byte" },
     Workload { name: "churn", about: "thousands of short-lived threads; a quarter of their blocks freed by the parent" },
     Workload { name: "mixed", about: "one thread's small blocks while the others allocate and free 64..544 KiB blocks" },
-    Workload { name: "phases", about: "each thread builds and frees 64 MiB of 1 MiB blocks, then allocates and frees 256..544 KiB blocks" },
+    Workload { name: "phases", about: "64 MiB of 1 MiB blocks built and freed, then 256..544 KiB blocks; then 8..208 KiB blocks beside a heap with every other block freed" },
 ];
 
 /// Options of the `workloads` experiment.
