@@ -58,7 +58,7 @@ fn newer_source(lib: &Path) -> Option<PathBuf> {
     let built = std::fs::metadata(lib).and_then(|m| m.modified()).ok()?;
     let mut stack: Vec<PathBuf> = ["canopy-malloc", "canopy-alloc", "canopy-region", "canopy-sys", "canopy-sync"]
         .iter()
-        .flat_map(|c| ["src", "Cargo.toml", "build.rs"].map(|f| workspace().join("crates").join(c).join(f)))
+        .flat_map(|c| ["src", "Cargo.toml", "build.rs", "hot-text.ld"].map(|f| workspace().join("crates").join(c).join(f)))
         .collect();
     while let Some(p) = stack.pop() {
         let Ok(m) = std::fs::metadata(&p) else { continue };
@@ -765,4 +765,48 @@ fn c_program_linked_with_the_static_library() {
     let exe = compile_with("api", &["-rdynamic".into(), a.display().to_string(), "-lm".into()]);
     let out = Command::new(&exe).env("CANOPY_CHECK", "0").env_remove("LD_PRELOAD").output().expect("run program");
     expect_ok(&out, "api ok", "api.c linked with the static library");
+}
+
+/// The code every process runs sits together in `.text.canopy_hot` (see
+/// `hot-text.ld`): the malloc family, every function of the allocator and
+/// of the platform and lock crates, and `pthread_atfork` (from
+/// libc_nonshared, called at load).  Spread over the library's code, it
+/// made the kernel map three 64 KiB windows of it into every process (about
+/// 190 KiB resident); together, one or two (70-120 KiB).
+#[test]
+fn the_code_every_process_runs_sits_in_one_section() {
+    let out = Command::new("readelf").args(["-SW"]).arg(lib()).output().expect("run readelf (binutils) on the library");
+    assert!(out.status.success(), "readelf failed: {}", text(&out.stderr));
+    let sections = text(&out.stdout);
+    let line = sections
+        .lines()
+        .find(|l| l.contains(" .text.canopy_hot "))
+        .unwrap_or_else(|| panic!("no .text.canopy_hot section (was the library built with CANOPY_NO_HOT_TEXT?):\n{sections}"));
+    // [Nr] Name Type Address Off Size ...
+    let f: Vec<&str> = line.split(']').nth(1).unwrap().split_whitespace().collect();
+    let addr = u64::from_str_radix(f[2], 16).unwrap();
+    let size = u64::from_str_radix(f[4], 16).unwrap();
+    assert!(size <= 96 << 10, ".text.canopy_hot is {size} bytes: more than one or two windows");
+    let out = Command::new("nm").args(["--defined-only"]).arg(lib()).output().expect("run nm (binutils) on the library");
+    assert!(out.status.success(), "nm failed: {}", text(&out.stderr));
+    let mut outside = Vec::new();
+    let mut inside = 0;
+    for l in text(&out.stdout).lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() != 3 || !matches!(f[1], "t" | "T") {
+            continue;
+        }
+        let hot = ["malloc", "free", "calloc", "realloc", "pthread_atfork"].contains(&f[2])
+            || ["_ZN12canopy_alloc", "_ZN10canopy_sys", "_ZN11canopy_sync"].iter().any(|p| f[2].starts_with(p));
+        if hot {
+            let a = u64::from_str_radix(f[0], 16).unwrap();
+            if (addr..addr + size).contains(&a) {
+                inside += 1;
+            } else {
+                outside.push(f[2].to_string());
+            }
+        }
+    }
+    assert!(inside > 20, "only {inside} of the hot functions found");
+    assert!(outside.is_empty(), "hot functions outside .text.canopy_hot: {outside:?}");
 }
