@@ -224,17 +224,13 @@ impl GlobalState {
     }
 
     /// Put back the part `idx..idx+n` of a free span just unlinked, of which
-    /// it is the tail (its last unit is the span's: already `FREE_BODY`
-    /// pointing at the old head, or the old head itself when `n` is 1),
-    /// holding `dirty` committed units.
+    /// it is the tail, holding `dirty` committed units.  Its last unit is the
+    /// old span's last, a body unit pointing at the old head (`link_free`
+    /// points it at the new one); its first, a body unit until now, becomes
+    /// the head.
     unsafe fn relink_tail(&mut self, idx: usize, n: usize, dirty: usize) {
         // SAFETY: forwarded; the units are a free span's.
-        unsafe {
-            if n > 1 {
-                (*desc(idx + n - 1)).kind = kind::FREE_BODY;
-            }
-            self.link_free(idx, n, dirty);
-        }
+        unsafe { self.link_free(idx, n, dirty) }
     }
 
     /// Allocate `n` units aligned to `align` units.  Returns the first unit's
