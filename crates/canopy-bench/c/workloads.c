@@ -448,6 +448,19 @@ static void *mixed_small(void *arg) {
     return NULL;
 }
 
+/* One block of `size` bytes: allocated, its first and last byte written from
+ * the generator and read back, freed.  Returns what was read. */
+static uint64_t touch_and_free(rng_t *r, size_t size) {
+    unsigned char *p = xmalloc(size);
+    uint64_t v = next(r);
+    p[0] = (unsigned char)v;
+    p[size - 1] = (unsigned char)(v >> 8);
+    escape(p);
+    uint64_t got = (uint64_t)p[0] + p[size - 1];
+    free(p);
+    return got;
+}
+
 static void *mixed_large(void *arg) {
     long tid = (long)arg;
     rng_t r = rng_for(0x314000 + (uint64_t)tid);
@@ -456,13 +469,7 @@ static void *mixed_large(void *arg) {
     uint64_t sum = 0;
     for (long i = 0; i < ops; i++) {
         size_t size = (size_t)(64 + 32 * below(&r, 16)) << 10;
-        unsigned char *p = xmalloc(size);
-        uint64_t v = next(&r);
-        p[0] = (unsigned char)v;
-        p[size - 1] = (unsigned char)(v >> 8);
-        escape(p);
-        sum += (uint64_t)p[0] + p[size - 1];
-        free(p);
+        sum += touch_and_free(&r, size);
     }
     atomic_fetch_add(&g_checksum, sum);
     atomic_fetch_add(&g_ops, (uint64_t)ops);
@@ -504,13 +511,7 @@ static void *phases_thread(void *arg) {
     long ops = 25000L * g_scale;
     for (long i = 0; i < ops; i++) {
         size_t size = (size_t)(256 + 32 * below(&r, 10)) << 10;
-        unsigned char *p = xmalloc(size);
-        uint64_t v = next(&r);
-        p[0] = (unsigned char)v;
-        p[size - 1] = (unsigned char)(v >> 8);
-        escape(p);
-        sum += (uint64_t)p[0] + p[size - 1];
-        free(p);
+        sum += touch_and_free(&r, size);
     }
     /* Phase 3: a heap of 9..45 KB blocks with every other one freed. */
     unsigned char **mid = xmalloc(sizeof(unsigned char *) * PHASE_MID);
@@ -526,13 +527,7 @@ static void *phases_thread(void *arg) {
     /* Phase 4: blocks of 8..208 KiB, one at a time, beside it. */
     for (long i = 0; i < ops; i++) {
         size_t size = 8192 + (size_t)below(&r, 200 << 10);
-        unsigned char *p = xmalloc(size);
-        uint64_t v = next(&r);
-        p[0] = (unsigned char)v;
-        p[size - 1] = (unsigned char)(v >> 8);
-        escape(p);
-        sum += (uint64_t)p[0] + p[size - 1];
-        free(p);
+        sum += touch_and_free(&r, size);
     }
     for (int i = 1; i < PHASE_MID; i += 2) {
         sum += mid[i][0];
