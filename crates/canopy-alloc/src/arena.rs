@@ -15,12 +15,19 @@
 //!  table:  [desc 0][desc 1] ... [desc 15][desc 16] ...               (64 B each)
 //! ```
 //!
-//! Invariants (checked by `debug_check_unit` in debug builds):
-//! - `owner != 0` only for a unit of kind `SMALL` whose heap is live, and then
+//! Invariants (checked by `Heap::check`, `LargeCache::check` and
+//! `GlobalState::check`, which the tests and `check_invariants` run):
+//! - A `SMALL` unit has `owner != 0` only while its heap is live, and then
 //!   `owner` is the id of the thread that runs that heap.  `owner` is `0` for
 //!   full slabs (on their heap's full list) and every slab in
 //!   check mode, which sends every free through the checked slow path.
-//! - A unit whose kind is not `SMALL` has `owner == 0`.
+//! - The head unit of a large chunk has `owner == LARGE_LIVE` while the
+//!   chunk is live, and `LARGE_CLAIMED` from the moment a free claims it
+//!   (`canopy_sync::claim`) until it is handed out again from a thread's
+//!   cache (`LARGE_CACHED` meanwhile) or its units go back to the global
+//!   heap; see the `large_cache` module.  No other unit ever holds
+//!   `LARGE_LIVE`, so a claim of anything but a live chunk fails.
+//! - Any other unit has `owner == 0`.
 //! - For a `SMALL` unit, the set bits of the unit's bitmap ([`bitmap`]) are
 //!   exactly its free slots (none past the last slot); blocks in flight to
 //!   the owner as remote frees count as live until the owner drains them.
@@ -75,7 +82,17 @@ pub mod kind {
     pub const LENT: u8 = 9;
     /// Another unit of lent pages.
     pub const LENT_BODY: u8 = 10;
+    /// First unit of a freed large chunk in a thread's cache
+    /// (the `large_cache` module); its other units stay `LARGE_BODY`.
+    pub const LARGE_CACHED: u8 = 11;
 }
+
+/// `owner` of a large chunk's head unit while a free holds the chunk (see
+/// the `large_cache` module): no thread id is 1.
+pub const LARGE_CLAIMED: usize = 1;
+/// `owner` of a live large chunk's head unit: a free claims the chunk by
+/// moving it to [`LARGE_CLAIMED`].  No thread id is 2.
+pub const LARGE_LIVE: usize = 2;
 
 /// Slab flag: the slab is on its heap's full list.
 pub const FLAG_FULL: u8 = 1;
@@ -113,11 +130,14 @@ pub struct Block {
 #[repr(C, align(64))]
 pub struct Desc {
     /// FREE_SPAN head: how many units of the span may hold memory (their
-    /// clean mark is not 0, see `GlobalState::free_span`).  Unused by every
-    /// other kind.
+    /// clean mark is not 0, see `GlobalState::free_span`).  LARGE_CACHED:
+    /// the next cached chunk's unit index plus one (0: none).  Unused by
+    /// every other kind.
     pub spare: u64,
     /// SMALL: id of the owning thread while the free fast path may push onto
-    /// this slab (current or available); 0 otherwise (see the module invariants).
+    /// this slab (current or available); 0 otherwise.  Head of a large
+    /// chunk: [`LARGE_LIVE`] while live, [`LARGE_CLAIMED`] while a free
+    /// holds it (see the module invariants).
     pub owner: AtomicUsize,
     /// MEDIUM (first unit of a page): live chunks in the page.  (Unused by
     /// SMALL units, whose bitmap alone says which slots are live.)

@@ -49,6 +49,7 @@
 
 use crate::arena::{self, desc, desc_index, flight_tag, free_mark, kind, Block, Desc, FLAG_FULL, PAGE_UNITS, UNIT, UNIT_SHIFT};
 use crate::global;
+use crate::large_cache::LargeCache;
 use crate::medium::Medium;
 use crate::report::BadFree;
 use crate::size_class::{class_size, NUM_CLASSES, SMALL_CLASSES, SMALL_MAX};
@@ -189,6 +190,12 @@ pub(crate) struct Published {
     pub small_allocs: AtomicU64,
     /// Bytes of the batch blocks this heap made and still has (metadata).
     pub batch_bytes: AtomicU64,
+    /// Large allocations served from the heap's large cache, frees put into
+    /// it, and the bytes it holds (written by the owner as they change, so
+    /// the statistics' large-chunk figures are exact).
+    pub large_cache_hits: AtomicU64,
+    pub large_cache_puts: AtomicU64,
+    pub large_cached_bytes: AtomicU64,
 }
 
 /// Number of per-heap counters.
@@ -272,6 +279,8 @@ pub struct Heap {
     large_since_sweep: usize,
     /// The medium (local heap) part.
     pub(crate) medium: Medium,
+    /// Freed large chunks kept for this thread ([`crate::large_cache`]).
+    pub(crate) large_cache: LargeCache,
     /// Outgoing remote frees.
     remote: [RemoteSlot; REMOTE_SLOTS],
     /// [`batch_cap`] for [`try_queue_remote`](Self::try_queue_remote), the
@@ -370,6 +379,7 @@ impl Heap {
             sweep_every: SWEEP_PERIOD,
             large_since_sweep: 0,
             medium: Medium::new(),
+            large_cache: LargeCache::new(),
             remote: [EMPTY_SLOT; REMOTE_SLOTS],
             remote_fast_cap: 0,
             counters: HeapCounters {
@@ -384,7 +394,17 @@ impl Heap {
                 large_allocs: 0,
             },
             seen_epoch: 0,
-            published: Published { blocks: [ZERO; NUM_CLASSES], slabs: [ZERO; SMALL_CLASSES], counters: [ZERO; COUNTERS], pages: ZERO, small_allocs: ZERO, batch_bytes: ZERO },
+            published: Published {
+                blocks: [ZERO; NUM_CLASSES],
+                slabs: [ZERO; SMALL_CLASSES],
+                counters: [ZERO; COUNTERS],
+                pages: ZERO,
+                small_allocs: ZERO,
+                batch_bytes: ZERO,
+                large_cache_hits: ZERO,
+                large_cache_puts: ZERO,
+                large_cached_bytes: ZERO,
+            },
             inbox: CachePadded::new(MpscQueue::new()),
             spares: CachePadded::new(MpscQueue::new()),
             inbox_broken: false,
@@ -1277,6 +1297,7 @@ impl Heap {
     pub(crate) unsafe fn abandon(&mut self) {
         // SAFETY: owner.
         unsafe {
+            crate::flush_large_cache(self, None);
             self.drain_inbox();
             self.flush_remote();
             self.release_batches();
@@ -1383,6 +1404,10 @@ impl Heap {
     /// Check this heap's invariants (owner thread; debug builds and tests).
     pub(crate) fn check(&self) -> Result<(), &'static str> {
         let check_mode = crate::options().check;
+        self.large_cache.check()?;
+        if self.published.large_cached_bytes.load(Ordering::Relaxed) != self.large_cache.bytes as u64 {
+            return Err("the published bytes of the large cache are not its bytes");
+        }
         for c in 0..SHAPES.len() {
             let d = self.cur[c];
             if d != empty_desc() {

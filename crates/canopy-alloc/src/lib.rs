@@ -40,7 +40,7 @@
 //!
 //! Module map: [`size_class`] (the rows of the matrix), [`arena`] (address
 //! space, descriptors), `global` (the global heap), `heap` (thread heaps and
-//! slabs), `medium` (local-heap chunks), `thread` (TLS, exit, fork), `solo`
+//! slabs), `medium` (local-heap chunks), `large_cache` (a thread's freed large chunks), `thread` (TLS, exit, fork), `solo`
 //! (the lock and solo mode), `check` (check mode), [`stats`], [`options`](mod@options).
 #![deny(missing_docs)]
 
@@ -48,6 +48,7 @@ pub mod arena;
 mod check;
 mod global;
 mod heap;
+mod large_cache;
 mod lend;
 mod medium;
 mod meta;
@@ -65,7 +66,10 @@ use core::cell::UnsafeCell;
 use core::ptr;
 pub use heap::Heap;
 pub use lend::{lend_pages, return_pages, LendError};
+use canopy_sync::claim;
+use canopy_sync::prim::Ordering;
 use heap::{empty_heap, DEAD_TID};
+use large_cache::LargeCache;
 pub use options::Options;
 pub use report::BadFree;
 pub use size_class::{SizeClass, MEDIUM_MAX, NUM_CLASSES, SMALL_CLASSES, SMALL_MAX};
@@ -260,13 +264,41 @@ fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
     let h = tls_heap();
     if h != empty_heap() {
         // SAFETY: this thread's own heap.
-        unsafe { (*h).note_large(units * UNIT) };
+        unsafe {
+            (*h).note_large(units * UNIT);
+            if align_units == 1 && LargeCache::holds(units) {
+                if let Some(d) = (*h).large_cache.take(units) {
+                    return (hand_out_cached(h, d, size), false);
+                }
+            }
+        }
     }
     let locked = solo::lock();
     // SAFETY: global lock held; the span's units become ours.
     let r = unsafe {
         let g = global::state();
-        match g.alloc_span(units, align_units) {
+        let mut got = g.alloc_span(units, align_units);
+        if h != empty_heap() && !(*h).large_cache.is_empty() {
+            // The request could not be met from memory the process already
+            // has: rather than grow while this thread keeps freed chunks of
+            // other sizes, give those back (they may merge with their free
+            // neighbours) and look again.
+            let retain = options().retain_bytes;
+            match got {
+                None => {
+                    give_back_cached(g, h, retain);
+                    got = g.alloc_span(units, align_units);
+                }
+                Some((idx, true)) => {
+                    // A fresh or decommitted span: not in memory yet.
+                    g.free_span(idx, units, false, retain, None);
+                    give_back_cached(g, h, retain);
+                    got = g.alloc_span(units, align_units);
+                }
+                Some((_, false)) => {}
+            }
+        }
+        match got {
             Some((idx, zeroed)) => {
                 // Read the clean marks before anything reuses the descriptors.
                 let used = size.next_multiple_of(canopy_sys::page_size());
@@ -291,6 +323,9 @@ fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
                 // Zeroed, known clean, or about to be trimmed: the tail holds
                 // no memory.
                 (*d).flags = if clean_tail || trim.is_some() { arena::LARGE_TAIL_CLEAN } else { 0 };
+                // Live now, after its fields: a free that claims the chunk
+                // (without the lock, on the cache's path) reads them.
+                claim::publish(&(*d).owner, arena::LARGE_LIVE);
                 (p, zeroed, trim)
             }
             None => (ptr::null_mut(), false, None),
@@ -671,7 +706,7 @@ unsafe fn free_slow(p: *mut u8, call: &'static str, expected: usize) {
             kind::SMALL => free_small_slow(d, p, call),
             kind::MEDIUM => free_medium(d, p, call),
             kind::LARGE => free_large(d, p, call),
-            kind::FREE_SPAN | kind::FREE_BODY | kind::HEAP_FREE if p as usize & (UNIT - 1) == 0 => {
+            kind::FREE_SPAN | kind::FREE_BODY | kind::HEAP_FREE | kind::LARGE_CACHED if p as usize & (UNIT - 1) == 0 => {
                 report::bad_free(call, p, BadFree::DoubleFree, 0, None)
             }
             kind::LENT | kind::LENT_BODY => report::bad_free(call, p, BadFree::Lent, 0, None),
@@ -787,37 +822,132 @@ unsafe fn free_medium(d: *mut Desc, p: *mut u8, call: &'static str) {
     }
 }
 
+/// Free the large chunk `p`, whose head descriptor `d` said `LARGE`: into
+/// this thread's large cache if it holds such chunks and has room, else to
+/// the global heap (see the `large_cache` module).
 unsafe fn free_large(d: *mut Desc, p: *mut u8, call: &'static str) {
     if p != arena::unit_addr(d) {
         report::bad_free(call, p, BadFree::NotABlock, 0, None);
         return;
     }
+    // SAFETY: d is an arena descriptor; the claim makes this free the only
+    // one to act on the chunk (a free that loses, or finds the chunk no
+    // longer live, writes nothing).
+    unsafe {
+        if !claim::claim(&(*d).owner, arena::LARGE_LIVE, arena::LARGE_CLAIMED) {
+            report::bad_free(call, p, BadFree::DoubleFree, 0, None);
+            return;
+        }
+        let units = (*d).a as usize;
+        // A thread that is alone takes no lock in the global heap: the
+        // cache would save it little and keep memory from other sizes.
+        let budget = if solo::solo_active() { 0 } else { options().large_cache_bytes };
+        let cacheable = LargeCache::holds(units) && units * UNIT <= budget;
+        let mut h = tls_heap();
+        if h == empty_heap() && cacheable {
+            // A thread that so far took only large chunks has no heap yet.
+            h = thread::acquire_heap();
+        }
+        if cacheable && !h.is_null() && h != empty_heap() && (*h).tid == canopy_sys::thread_id() {
+            if (*h).large_cache.put(d, units, budget) {
+                let pb = &(*h).published;
+                pb.large_cache_puts.store(pb.large_cache_puts.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                pb.large_cached_bytes.store((*h).large_cache.bytes as u64, Ordering::Relaxed);
+                return;
+            }
+            // Full: the cached chunks go back with this one, under one lock.
+            flush_large_cache(h, Some((d, units)));
+            return;
+        }
+        let locked = solo::lock();
+        let g = global::state();
+        g.stats.large_frees += 1;
+        give_back_large(g, d, units, options().retain_bytes);
+        solo::unlock(locked);
+    }
+}
+
+/// Give the claimed large chunk `d` of `units` units back to the global
+/// heap.
+///
+/// # Safety
+/// The global lock is held; `d` heads a large chunk (`LARGE` or
+/// `LARGE_CACHED`) whose claim the caller holds.
+unsafe fn give_back_large(g: &mut global::GlobalState, d: *mut Desc, units: usize, retain: usize) {
+    // SAFETY: caller's contract.
+    unsafe {
+        g.stats.large_bytes -= (units * UNIT) as u64;
+        let size = (*d).b as usize;
+        // Pages past the requested size were clean when the chunk was
+        // handed out; unless the program wrote past its request (into
+        // what `usable_size` allows), they still are.  A wrong mark only
+        // skips a trim later: memory stays resident, nothing breaks.
+        let clean_from = ((*d).flags & arena::LARGE_TAIL_CLEAN != 0 && size < u32::MAX as usize)
+            .then(|| size.next_multiple_of(canopy_sys::page_size()));
+        // Clears the claim with the units' other marks.
+        g.free_span(desc_index(d), units, true, retain, clean_from);
+    }
+}
+
+/// Give every chunk of heap `h`'s large cache back to the global heap.
+///
+/// # Safety
+/// The global lock is held; `h` is the calling thread's heap (or one it is
+/// abandoning).
+unsafe fn give_back_cached(g: &mut global::GlobalState, h: *mut Heap, retain: usize) {
+    // SAFETY: caller's contract; cached chunks are claimed by this heap.
+    unsafe {
+        (*h).large_cache.drain(|d, units| give_back_large(g, d, units, retain));
+        (*h).published.large_cached_bytes.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Give every chunk of heap `h`'s large cache, and `extra` (a claimed
+/// chunk being freed, with its units), back to the global heap under one
+/// lock.
+///
+/// # Safety
+/// `h` is the calling thread's heap (or one it is abandoning).
+pub(crate) unsafe fn flush_large_cache(h: *mut Heap, extra: Option<(*mut Desc, usize)>) {
+    // SAFETY: caller's contract.
+    if extra.is_none() && unsafe { (*h).large_cache.is_empty() } {
+        return;
+    }
     let retain = options().retain_bytes;
     let locked = solo::lock();
-    // SAFETY: global lock held; re-check the kind under it (a concurrent
-    // double free of the same chunk loses here).
-    let ok = unsafe {
-        if (*d).kind == kind::LARGE {
-            let units = (*d).a as usize;
-            let g = global::state();
+    // SAFETY: global lock held; the chunks are claimed by this thread.
+    unsafe {
+        let g = global::state();
+        give_back_cached(g, h, retain);
+        if let Some((d, units)) = extra {
             g.stats.large_frees += 1;
-            g.stats.large_bytes -= (units * UNIT) as u64;
-            let size = (*d).b as usize;
-            // Pages past the requested size were clean when the chunk was
-            // handed out; unless the program wrote past its request (into
-            // what `usable_size` allows), they still are.  A wrong mark only
-            // skips a trim later: memory stays resident, nothing breaks.
-            let clean_from = ((*d).flags & arena::LARGE_TAIL_CLEAN != 0 && size < u32::MAX as usize)
-                .then(|| size.next_multiple_of(canopy_sys::page_size()));
-            g.free_span(desc_index(d), units, true, retain, clean_from);
-            true
-        } else {
-            false
+            give_back_large(g, d, units, retain);
         }
-    };
+    }
     solo::unlock(locked);
-    if !ok {
-        report::bad_free(call, p, BadFree::DoubleFree, 0, None);
+}
+
+/// Hand out the cached chunk `d` of heap `h` for `size` bytes.
+///
+/// # Safety
+/// `d` was just taken from `h`'s large cache by its owner, the caller.
+unsafe fn hand_out_cached(h: *mut Heap, d: *mut Desc, size: usize) -> *mut u8 {
+    // SAFETY: caller's contract: the chunk is claimed by this thread.
+    unsafe {
+        // The tail past `size` was clean when the chunk was last handed
+        // out, if it was then and the chunk was no shorter than now.
+        if size < (*d).b as usize {
+            (*d).flags &= !arena::LARGE_TAIL_CLEAN;
+        }
+        (*d).b = size.min(u32::MAX as usize) as u32;
+        (*d).kind = kind::LARGE;
+        // After the fields above: a free that claims the chunk reads them.
+        claim::publish(&(*d).owner, arena::LARGE_LIVE);
+        let pb = &(*h).published;
+        pb.large_cache_hits.store(pb.large_cache_hits.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        pb.large_cached_bytes.store((*h).large_cache.bytes as u64, Ordering::Relaxed);
+        (*h).counters.large_allocs += 1;
+        arena::unit_addr(d)
     }
 }
 
@@ -1006,6 +1136,7 @@ pub fn collect() -> usize {
         unsafe {
             (*h).maintenance();
             (*h).sweep_empty();
+            flush_large_cache(h, None);
         }
     }
     heap::reclaim_abandoned();

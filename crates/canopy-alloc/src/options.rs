@@ -8,6 +8,7 @@
 //! | `CANOPY_RETAIN_MB` | 64 | free memory the global heap keeps committed; what is above it for `CANOPY_DECAY_MS` is decommitted (largest spans first) down to half of it |
 //! | `CANOPY_DECAY_MS` | 1000 | how long free memory may stay above `CANOPY_RETAIN_MB` before it is decommitted (0: at once); a program that frees and allocates the same memory again within that time keeps it committed |
 //! | `CANOPY_HEAP_RETAIN_PAGES` | 2 | fully free 1 MiB pages a thread heap keeps before giving them back to the global heap |
+//! | `CANOPY_LARGE_CACHE_KB` | 4096 | freed large chunks of up to 1 MiB a thread keeps for its next large requests of the same size, without the global lock (0: none) |
 //! | `CANOPY_REMOTE_BATCH` | 32 | frees to another thread's memory collected per destination before one swap sends them (at most 1021, the pointers a batch block holds) |
 //! | `CANOPY_HUGE_PAGES` | 0 | ask for transparent huge pages on the arena |
 //! | `CANOPY_SOLO_UNLOCKED` | 1 | the global heap takes no lock while only one thread has a heap (if Canopy started in a process with one thread: `solo::init`) |
@@ -37,6 +38,8 @@ pub struct Options {
     pub decay_ms: u64,
     /// Free pages a thread heap keeps.
     pub heap_retain_pages: usize,
+    /// Bytes of freed large chunks a thread keeps (its large cache).
+    pub large_cache_bytes: usize,
     /// Remote frees per batch.
     pub remote_batch: usize,
     /// Transparent huge pages.
@@ -55,6 +58,7 @@ impl Options {
         retain_bytes: 64 << 20,
         decay_ms: 1000,
         heap_retain_pages: 2,
+        large_cache_bytes: 4 << 20,
         remote_batch: 32,
         huge_pages: false,
         solo_unlocked: true,
@@ -88,6 +92,9 @@ impl Options {
                 << 20,
             decay_ms: r.num(c"CANOPY_DECAY_MS", d.decay_ms as usize, 0, usize::MAX, "") as u64,
             heap_retain_pages: r.num(c"CANOPY_HEAP_RETAIN_PAGES", d.heap_retain_pages, 0, usize::MAX, ""),
+            large_cache_bytes: r
+                .num(c"CANOPY_LARGE_CACHE_KB", d.large_cache_bytes >> 10, 0, usize::MAX >> 10, "")
+                << 10,
             remote_batch: r.num(
                 c"CANOPY_REMOTE_BATCH",
                 d.remote_batch,
@@ -103,12 +110,13 @@ impl Options {
 }
 
 /// The allocator's variables (the table above).
-const NAMES: [&str; 9] = [
+const NAMES: [&str; 10] = [
     "CANOPY_CHECK",
     "CANOPY_ARENA_GB",
     "CANOPY_RETAIN_MB",
     "CANOPY_DECAY_MS",
     "CANOPY_HEAP_RETAIN_PAGES",
+    "CANOPY_LARGE_CACHE_KB",
     "CANOPY_REMOTE_BATCH",
     "CANOPY_HUGE_PAGES",
     "CANOPY_SOLO_UNLOCKED",
@@ -322,6 +330,7 @@ mod tests {
             ("CANOPY_RETAIN_MB", "8"),
             ("CANOPY_DECAY_MS", "0"),
             ("CANOPY_HEAP_RETAIN_PAGES", "5"),
+            ("CANOPY_LARGE_CACHE_KB", "0"),
             ("CANOPY_REMOTE_BATCH", "128"),
             ("CANOPY_HUGE_PAGES", "1"),
             ("CANOPY_SOLO_UNLOCKED", "0"),
@@ -334,6 +343,7 @@ mod tests {
             retain_bytes: 8 << 20,
             decay_ms: 0,
             heap_retain_pages: 5,
+            large_cache_bytes: 0,
             remote_batch: 128,
             huge_pages: true,
             solo_unlocked: false,

@@ -80,6 +80,12 @@ pub struct Stats {
     pub large_frees: u64,
     /// Bytes in live large chunks.
     pub large_bytes: u64,
+    /// Bytes of freed large chunks kept in threads' large caches (committed,
+    /// not in use; see `CANOPY_LARGE_CACHE_KB`).
+    pub large_cached_bytes: u64,
+    /// Large allocations served from a thread's large cache (counted in
+    /// `large_allocs` too).
+    pub large_cache_hits: u64,
     /// Bytes of pages currently lent to region allocators (`lend_pages`).
     pub lent_bytes: u64,
     /// Heaps owned by live threads.
@@ -163,6 +169,8 @@ impl Default for Stats {
             large_allocs: 0,
             large_frees: 0,
             large_bytes: 0,
+            large_cached_bytes: 0,
+            large_cache_hits: 0,
             lent_bytes: 0,
             heaps_live: 0,
             heaps_created: 0,
@@ -187,7 +195,11 @@ pub fn snapshot() -> Stats {
     }
     ask_publish();
     let mut batch_bytes = 0;
+    let (mut hits, mut puts, mut cached) = (0, 0, 0);
     for_each_heap(|h| {
+        hits += h.published.large_cache_hits.load(Ordering::Relaxed);
+        puts += h.published.large_cache_puts.load(Ordering::Relaxed);
+        cached += h.published.large_cached_bytes.load(Ordering::Relaxed);
         for c in 0..NUM_CLASSES {
             let blocks = h.published.blocks[c].load(Ordering::Relaxed);
             s.classes[c].blocks_in_use += blocks;
@@ -219,9 +231,12 @@ pub fn snapshot() -> Stats {
     s.committed_bytes = committed as u64;
     s.resident_bytes = canopy_sys::resident_bytes().map(|v| v as u64);
     s.metadata_bytes = crate::meta::used() as u64 + batch_bytes;
-    s.large_allocs = g.large_allocs;
-    s.large_frees = g.large_frees;
-    s.large_bytes = g.large_bytes;
+    // The global heap counts a cached chunk as live until it gets it back.
+    s.large_allocs = g.large_allocs + hits;
+    s.large_frees = g.large_frees + puts;
+    s.large_bytes = g.large_bytes.saturating_sub(cached);
+    s.large_cached_bytes = cached;
+    s.large_cache_hits = hits;
     s.lent_bytes = g.lent_units * crate::arena::UNIT as u64;
     s.pages_to_heaps = g.pages_out;
     s.pages_from_heaps = g.pages_back;
@@ -240,7 +255,7 @@ pub fn snapshot() -> Stats {
 }
 
 impl Stats {
-    fn rows(&self) -> [(&'static str, u64); 26] {
+    fn rows(&self) -> [(&'static str, u64); 28] {
         [
             ("reserved_bytes", self.reserved_bytes),
             ("committed_bytes", self.committed_bytes),
@@ -260,6 +275,8 @@ impl Stats {
             ("large_allocs", self.large_allocs),
             ("large_frees", self.large_frees),
             ("large_bytes", self.large_bytes),
+            ("large_cached_bytes", self.large_cached_bytes),
+            ("large_cache_hits", self.large_cache_hits),
             ("lent_bytes", self.lent_bytes),
             ("heaps_live", self.heaps_live),
             ("heaps_created", self.heaps_created),

@@ -1639,13 +1639,15 @@ fn a_reused_span_keeps_in_memory_only_what_the_new_chunk_asked_for() {
     let _g = serial();
     let page = canopy_sys::page_size();
     // A long chunk, every page touched, then freed: its span stays committed
-    // in the global heap (far below CANOPY_RETAIN_MB) and is reused.
-    let big = alloc_aligned(8 * UNIT, UNIT);
+    // in the global heap (far below CANOPY_RETAIN_MB) and is reused.  (Too
+    // long for the thread's large cache, which would keep it.)
+    const BIG: usize = (large_cache::CACHE_MAX_UNITS + 4) * UNIT;
+    let big = alloc_aligned(BIG, UNIT);
     assert!(!big.is_null());
-    fill(big, 8 * UNIT, 1);
-    let span = big as usize..big as usize + 8 * UNIT;
+    fill(big, BIG, 1);
+    let span = big as usize..big as usize + BIG;
     unsafe { free(big) };
-    assert!(resident_pages(big, 8 * UNIT) > 0, "the freed span should still be in memory");
+    assert!(resident_pages(big, BIG) > 0, "the freed span should still be in memory");
     // Short chunks (one 64 KiB unit each, 20 KiB asked for): whatever span
     // each comes from, the pages past what it asked for are not in memory.
     let ask: usize = 20 << 10;
@@ -2062,4 +2064,183 @@ fn racing_frees_of_one_medium_chunk_free_it_once_and_report_the_other() {
             panic!("racing frees of one medium chunk, {name}: {e}");
         }
     }
+}
+
+#[test]
+fn a_thread_gets_the_large_chunks_it_freed_back_from_its_cache() {
+    let _g = serial();
+    let budget = options().large_cache_bytes;
+    if budget < 2 << 20 {
+        return; // the cache is off or too small for this test's chunks
+    }
+    let base = stats::snapshot();
+    std::thread::spawn(move || {
+        let cached = || stats::snapshot().large_cached_bytes - base.large_cached_bytes;
+        let hits = || stats::snapshot().large_cache_hits - base.large_cache_hits;
+        // 400 KiB: seven units.  Freed, it waits in this thread's cache.
+        let p = alloc(400 << 10);
+        fill(p, 400 << 10, 7);
+        unsafe { free(p) };
+        assert_eq!(cached(), 7 * UNIT as u64, "the freed chunk is cached");
+        check_invariants().unwrap();
+        // A request of the same units gets it back; another does not.
+        let q = alloc(420 << 10);
+        assert_eq!(q, p, "a request of the same units takes the cached chunk");
+        assert_eq!(hits(), 1);
+        assert_eq!(cached(), 0);
+        fill(q, 420 << 10, 8);
+        let r = alloc(600 << 10);
+        assert_ne!(r, q);
+        assert!(verify(q, 420 << 10, 8));
+        assert_eq!(hits(), 1, "ten units are not seven");
+        unsafe {
+            free(q);
+            free(r);
+        }
+        assert_eq!(cached(), 17 * UNIT as u64);
+        // A cached chunk of larger alignment than a unit is not used for an aligned request.
+        let a = alloc_aligned(400 << 10, 4 * UNIT);
+        assert_eq!(a as usize % (4 * UNIT), 0);
+        assert_eq!(hits(), 1, "an over-aligned request goes to the global heap");
+        unsafe { free(a) };
+        // Frees beyond the budget send the cache back to the global heap;
+        // it never holds more than the budget.
+        let many: Vec<*mut u8> = (0..budget / (1 << 20) + 3).map(|_| alloc(1 << 20)).collect();
+        for &m in &many {
+            fill(m, 4096, 9);
+            unsafe { free(m) };
+            assert!(cached() <= budget as u64, "{} cached above the budget {budget}", cached());
+            check_invariants().unwrap();
+        }
+        // Stats: every large allocation and free counted once.
+        let s = stats::snapshot();
+        assert_eq!(s.large_allocs - base.large_allocs, s.large_frees - base.large_frees);
+        // canopy_collect empties the cache.
+        collect();
+        assert_eq!(cached(), 0, "collect gives the cached chunks back");
+        check_invariants().unwrap();
+        // What stays cached at exit goes back with the heap.
+        let last = alloc(300 << 10);
+        unsafe { free(last) };
+        assert_eq!(cached(), 5 * UNIT as u64);
+    })
+    .join()
+    .unwrap();
+    assert_eq!(stats::snapshot().large_cached_bytes, base.large_cached_bytes, "an exiting thread's cache is emptied");
+    check_invariants().unwrap();
+}
+
+#[test]
+fn a_second_free_of_a_cached_large_chunk_is_refused() {
+    let _g = serial();
+    if options().check || options().large_cache_bytes < 1 << 20 {
+        return; // check mode aborts on the first bad free; see the LD_PRELOAD tests.
+    }
+    std::thread::spawn(|| {
+        let before = report::bad_frees();
+        let p = alloc(500 << 10);
+        unsafe {
+            free(p);
+            free(p);
+        }
+        assert_eq!(report::bad_frees() - before, 1, "the second free is refused");
+        assert_eq!(unsafe { usable_size(p) }, 0, "a cached chunk is not a live block");
+        let (a, b) = (alloc(500 << 10), alloc(500 << 10));
+        assert_ne!(a, b, "the chunk was cached once");
+        check_invariants().unwrap();
+        unsafe {
+            free(a);
+            free(b);
+        }
+        check_invariants().unwrap();
+    })
+    .join()
+    .unwrap();
+}
+
+/// Two threads with heaps free one large chunk at the same moment, `rounds`
+/// times, in sizes their caches take and one they do not.  Each round checks
+/// that exactly one free was refused and that the chunk was freed once: the
+/// two threads then take two chunks of the size each, and all four differ.
+#[test]
+fn racing_frees_of_one_large_chunk_free_it_once_and_report_the_other() {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    use std::sync::{Arc, Barrier, Mutex};
+    let _g = serial();
+    if options().check {
+        return; // check mode aborts on the first bad free.
+    }
+    let rounds = if cfg!(debug_assertions) { 150 } else { 1500 } * stress_scale();
+    // Five, eleven and sixteen units (cached), and 48 (never cached).
+    const SIZES: [usize; 4] = [300 << 10, 700 << 10, 1 << 20, 3 << 20];
+    let barrier = Arc::new(Barrier::new(2));
+    let meet = Arc::new(SpinMeet(AtomicUsize::new(0)));
+    let slot = Arc::new(AtomicUsize::new(0));
+    let taken = Arc::new(Mutex::new(Vec::<usize>::new()));
+    let failure = Arc::new(Mutex::new(None::<String>));
+    let threads: Vec<_> = (0..2u32)
+        .map(|t| {
+            let (barrier, meet, slot, taken, failure) =
+                (barrier.clone(), meet.clone(), slot.clone(), taken.clone(), failure.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x9e37_79b9 ^ (t + 1));
+                let start = report::bad_frees();
+                for round in 0..rounds {
+                    let size = SIZES[round % SIZES.len()];
+                    if t == 0 {
+                        let p = alloc(size);
+                        fill(p, 64, round as u8);
+                        slot.store(p as usize, Relaxed);
+                    }
+                    barrier.wait();
+                    let p = slot.load(Relaxed) as *mut u8;
+                    meet.at(round);
+                    jitter(&mut rng);
+                    unsafe { free(p) };
+                    barrier.wait();
+                    if t == 0 && report::bad_frees() - start != round + 1 {
+                        failure.lock().unwrap().get_or_insert(format!(
+                            "round {round}, {size} bytes: {} bad frees reported, want {}",
+                            report::bad_frees() - start,
+                            round + 1
+                        ));
+                    }
+                    let mine = [alloc(size), alloc(size)];
+                    for (k, &m) in mine.iter().enumerate() {
+                        fill(m, 64, (round + k) as u8 ^ t as u8);
+                    }
+                    taken.lock().unwrap().extend(mine.iter().map(|&m| m as usize));
+                    barrier.wait();
+                    if t == 0 {
+                        let mut all = std::mem::take(&mut *taken.lock().unwrap());
+                        all.sort_unstable();
+                        if all.windows(2).any(|w| w[1] - w[0] < size) {
+                            failure.lock().unwrap().get_or_insert(format!(
+                                "round {round}, {size} bytes: chunks handed out twice or overlapping: {all:x?}"
+                            ));
+                        }
+                    }
+                    barrier.wait();
+                    for (k, &m) in mine.iter().enumerate() {
+                        if !verify(m, 64, (round + k) as u8 ^ t as u8) {
+                            failure.lock().unwrap().get_or_insert(format!("round {round}: a chunk's bytes changed"));
+                        }
+                        unsafe { free(m) };
+                    }
+                    if round % 16 == 0 {
+                        if let Err(e) = check_invariants() {
+                            failure.lock().unwrap().get_or_insert(format!("round {round}: {e}"));
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in threads {
+        h.join().unwrap();
+    }
+    if let Some(f) = failure.lock().unwrap().take() {
+        panic!("racing frees of one large chunk: {f}");
+    }
+    check_invariants().unwrap();
 }

@@ -11,6 +11,8 @@
 //!   frees through it.
 //! - [`SoloLock`]: a lock that a thread which is alone enters without
 //!   locking, handed over with `membarrier(2)`; the allocator's global heap.
+//! - [`claim`]: one-winner claims on an object that racing threads may each
+//!   try to give up (the allocator's large chunks).
 //!
 //! Nothing in this crate allocates.
 #![deny(missing_docs)]
@@ -32,6 +34,7 @@ pub mod prim {
     }
 }
 
+pub mod claim;
 mod lock;
 mod mpsc;
 mod solo;

@@ -164,3 +164,128 @@ fn solo_lock_new_period() {
         assert_eq!(s.count(), 3);
     });
 }
+
+/// A large chunk as `canopy_sync::claim` sees it: the claim word (the head
+/// descriptor's `owner`) and the state (its kind, a plain byte in the
+/// allocator, read without ordering: a relaxed atomic here).
+struct Chunk {
+    word: loom::sync::atomic::AtomicUsize,
+    state: loom::sync::atomic::AtomicU8,
+    wins: loom::sync::atomic::AtomicUsize,
+    /// Set (release) once a free has given the chunk back: the global
+    /// heap's lock, which orders a reuse of the memory after it.
+    released: loom::sync::atomic::AtomicBool,
+}
+
+const LIVE_STATE: u8 = 1;
+const CACHED: u8 = 2;
+const FREE: u8 = 3;
+const LIVE: usize = 2;
+const CLAIMED: usize = 1;
+
+impl Chunk {
+    fn new() -> Arc<Chunk> {
+        let c = Chunk {
+            word: loom::sync::atomic::AtomicUsize::new(0),
+            state: loom::sync::atomic::AtomicU8::new(LIVE_STATE),
+            wins: loom::sync::atomic::AtomicUsize::new(0),
+            released: loom::sync::atomic::AtomicBool::new(false),
+        };
+        canopy_sync::claim::publish(&c.word, LIVE);
+        Arc::new(c)
+    }
+
+    /// One free, as `canopy_alloc`'s `free_large`: into a cache (the chunk
+    /// stays claimed) or back to the global heap (the word is cleared with
+    /// the span's other marks).  Returns whether it won.
+    fn free(&self, cache: bool) -> bool {
+        if !canopy_sync::claim::claim(&self.word, LIVE, CLAIMED) {
+            return false; // refused: a double free
+        }
+        assert_eq!(self.state.load(Ordering::Relaxed), LIVE_STATE, "the winner sees the live chunk");
+        self.wins.fetch_add(1, Ordering::Relaxed);
+        if cache {
+            self.state.store(CACHED, Ordering::Relaxed);
+        } else {
+            self.state.store(FREE, Ordering::Relaxed);
+            self.word.store(0, Ordering::Relaxed);
+            self.released.store(true, Ordering::Release);
+        }
+        true
+    }
+}
+
+/// Two frees of one chunk race while a third thread takes the memory over
+/// once it is free (as the global heap hands a freed span out again) and
+/// writes its own value into the word, `new_word` (a slab owner's thread
+/// id, or 0).  Exactly one free wins, and a late loser writes nothing.
+fn racing_frees_then_reuse(new_word: usize) {
+    loom::model(move || {
+        let c = Chunk::new();
+        let frees: Vec<_> = (0..2)
+            .map(|_| {
+                let c = c.clone();
+                loom::thread::spawn(move || c.free(false))
+            })
+            .collect();
+        let c2 = c.clone();
+        let reuser = loom::thread::spawn(move || {
+            while !c2.released.load(Ordering::Acquire) {
+                loom::thread::yield_now();
+            }
+            c2.word.store(new_word, Ordering::Relaxed);
+        });
+        let won: Vec<bool> = frees.into_iter().map(|t| t.join().unwrap()).collect();
+        reuser.join().unwrap();
+        assert_eq!(won.iter().filter(|&&w| w).count(), 1, "exactly one free wins");
+        assert_eq!(c.wins.load(Ordering::Relaxed), 1);
+        assert_eq!(c.word.load(Ordering::Relaxed), new_word, "the new owner's word stays");
+    });
+}
+
+#[test]
+fn large_free_claim_one_winner_then_reuse_by_a_slab_owner() {
+    racing_frees_then_reuse(77);
+}
+
+#[test]
+fn large_free_claim_one_winner_then_reuse_with_no_owner() {
+    racing_frees_then_reuse(0);
+}
+
+/// Two frees of one chunk race, one into its thread's cache and one to the
+/// global heap: exactly one wins, and a cached chunk stays claimed.  Its
+/// owner then hands it out again (publishes it) while another thread frees
+/// it (the program's free of the new allocation): that free wins and sees
+/// the state written before the publish.
+#[test]
+fn large_free_claim_cache_and_hand_out_again() {
+    loom::model(|| {
+        let c = Chunk::new();
+        let ths: Vec<_> = [true, false]
+            .into_iter()
+            .map(|cache| {
+                let c = c.clone();
+                loom::thread::spawn(move || c.free(cache))
+            })
+            .collect();
+        let won: Vec<bool> = ths.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(won.iter().filter(|&&w| w).count(), 1, "exactly one free wins");
+        if c.state.load(Ordering::Relaxed) == CACHED {
+            assert_eq!(c.word.load(Ordering::Relaxed), CLAIMED, "a cached chunk stays claimed");
+            let c3 = c.clone();
+            let freer = loom::thread::spawn(move || {
+                while !c3.free(false) {
+                    loom::thread::yield_now();
+                }
+            });
+            c.state.store(LIVE_STATE, Ordering::Relaxed);
+            canopy_sync::claim::publish(&c.word, LIVE);
+            freer.join().unwrap();
+            assert_eq!(c.wins.load(Ordering::Relaxed), 2);
+            assert_eq!(c.state.load(Ordering::Relaxed), FREE);
+        } else {
+            assert_eq!(c.state.load(Ordering::Relaxed), FREE);
+        }
+    });
+}
