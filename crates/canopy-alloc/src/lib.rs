@@ -252,12 +252,21 @@ fn alloc_big_inner(size: usize) -> *mut u8 {
 /// Allocate a large chunk of `size` bytes aligned to `align_units` units.
 /// Returns the pointer and whether it is known to read as zero.
 fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
-    if !thread::ensure_init() {
-        return (ptr::null_mut(), false);
-    }
     let Some(units) = size.checked_add(UNIT - 1).map(|s| s >> UNIT_SHIFT) else {
         return (ptr::null_mut(), false);
     };
+    alloc_large_units(size, units, align_units, true)
+}
+
+/// [`alloc_large`] of a chunk of `units` units (at least `size` bytes) for
+/// `size` requested bytes: the units past `size` are room to grow in place.
+/// `trim`: give back the pages of a reused span past `size` (see
+/// [`trim_of`]); false for room the caller expects to fill soon.
+fn alloc_large_units(size: usize, units: usize, align_units: usize, trim: bool) -> (*mut u8, bool) {
+    if !thread::ensure_init() {
+        return (ptr::null_mut(), false);
+    }
+    debug_assert!(units << UNIT_SHIFT >= size);
     if units == 0 || units > MAX_UNITS {
         return (ptr::null_mut(), false);
     }
@@ -314,7 +323,7 @@ fn alloc_large(size: usize, align_units: usize) -> (*mut u8, bool) {
                 // With huge pages asked for, a trim would split one.  A tail
                 // the units' clean marks say holds no memory (see
                 // `GlobalState::free_span`) needs no madvise.
-                let tail = if options().huge_pages { None } else { trim_of(size, units) };
+                let tail = if options().huge_pages || !trim { None } else { trim_of(size, units) };
                 let trim = tail.filter(|_| !clean_tail);
                 if let Some((_, len)) = trim {
                     g.stats.bytes_decommitted += len as u64;
@@ -1043,7 +1052,25 @@ pub unsafe fn realloc(p: *mut u8, new_size: usize) -> *mut u8 {
             return p;
         }
     }
-    let q = alloc(new_size);
+    let q = if new_size > usable && new_size > MEDIUM_MAX && new_size - usable <= usable / 4 {
+        // A buffer growing step by step into a large chunk that must move:
+        // leave room to grow in place, half the old size again, so it is
+        // copied a logarithmic number of times, not once per 64 KiB unit.
+        // The room is not trimmed: a reused span's pages there stay in
+        // memory for the growth to come (trimmed, they were faulted in again
+        // at once).  100 buffers grown 1.5 KiB at a time to 1.5 MiB: 288 ->
+        // 222 ms with trimmed room, 199-219 ms untrimmed (mimalloc 169-212);
+        // 10 grown 12 KiB at a time to 12 MiB: 295-418 -> 134-196 ms
+        // (glibc, which moves pages with mremap, 78-123).  A jump of more
+        // than a quarter gets no room.  The size walk's random reallocs
+        // peak 2.7 % higher with the room (48.6 against 47.2 MiB, trimmed
+        // or not: the chunks' layout, not untouched pages).
+        let room = usable.saturating_add(usable / 2);
+        let units = room.div_ceil(UNIT).min(MAX_UNITS).max(new_size.div_ceil(UNIT));
+        alloc_large_units(new_size, units, 1, false).0
+    } else {
+        alloc(new_size)
+    };
     if q.is_null() {
         return q;
     }

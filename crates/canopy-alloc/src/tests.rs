@@ -2244,3 +2244,43 @@ fn racing_frees_of_one_large_chunk_free_it_once_and_report_the_other() {
     }
     check_invariants().unwrap();
 }
+
+#[test]
+fn a_buffer_grown_by_realloc_moves_a_logarithmic_number_of_times() {
+    let _g = shared();
+    // A medium block grown just past the medium sizes moves into a large
+    // chunk with room: half its old size again.
+    let m = alloc(250 << 10);
+    fill(m, 250 << 10, 1);
+    let l = unsafe { realloc(m, 260 << 10) };
+    assert!(verify(l, 250 << 10, 1));
+    assert!(unsafe { usable_size(l) } >= 375 << 10, "usable {} KiB", unsafe { usable_size(l) } >> 10);
+    unsafe { free(l) };
+    // Four buffers grown side by side, 16 KiB at a time, from 300 KiB to
+    // 2 MiB: each blocks the others' growth in place, so without room each
+    // would move about once per 64 KiB unit (some 27 times).
+    const STEP: usize = 16 << 10;
+    let mut bufs: Vec<(*mut u8, usize)> = (0..4).map(|_| (alloc(300 << 10), 300 << 10)).collect();
+    for (i, &(b, n)) in bufs.iter().enumerate() {
+        fill(b, n, i as u8);
+    }
+    let mut moves = 0;
+    while bufs[0].1 < 2 << 20 {
+        for (i, buf) in bufs.iter_mut().enumerate() {
+            let (b, n) = *buf;
+            let q = unsafe { realloc(b, n + STEP) };
+            assert!(!q.is_null());
+            moves += usize::from(q != b);
+            // The old bytes came along; the new ones are written.
+            assert!(verify(q, n, i as u8), "buffer {i} lost its bytes at {n}");
+            fill(q, n + STEP, i as u8);
+            *buf = (q, n + STEP);
+        }
+    }
+    // With room: 18 here (log 1.5 of 2 MiB / 300 KiB is 4.7 per buffer); 38 without.
+    assert!(moves <= 4 * 6, "{moves} moves for four buffers grown from 300 KiB to 2 MiB");
+    for (b, _) in bufs {
+        unsafe { free(b) };
+    }
+    check_invariants().unwrap();
+}
