@@ -40,8 +40,9 @@
 //!
 //! **When the cache empties.**  A free that would take the cache above its
 //! budget hands every cached chunk, and itself, to the global heap under
-//! one lock; so does the thread's exit (`Heap::abandon`), `canopy_collect()`
-//! (`malloc_trim`), and a large allocation that the global heap could meet
+//! one lock; so does the thread's exit (`Heap::abandon`), its
+//! `canopy_collect()` (`malloc_trim`; other threads' caches stay), and a
+//! large allocation that the global heap could meet
 //! only with memory not yet in use (a fresh or decommitted span) or not at
 //! all: the cached chunks go back first, where they may merge with free
 //! neighbours, and the request looks again.  A thread holds at most its

@@ -1150,9 +1150,9 @@ unsafe fn resize_large_in_place(p: *mut u8, new_size: usize) -> bool {
 }
 
 /// Give every free span of the global heap back to the OS now, send this
-/// thread's pending remote frees, and hand its empty slabs back (whole free
-/// pages beyond the heap's retain limit go to the global heap first).
-/// Returns the bytes decommitted.
+/// thread's pending remote frees, and hand its empty slabs and the large
+/// chunks it keeps back (whole free pages beyond the heap's retain limit go
+/// to the global heap first).  Returns the bytes decommitted.
 pub fn collect() -> usize {
     if !thread::ensure_init() {
         return 0;
