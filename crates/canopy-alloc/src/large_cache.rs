@@ -6,8 +6,10 @@
 //! hundred KiB at a steady rate spent a quarter of their time waiting for
 //! that lock (the `phases` workload).  So a thread keeps the chunks of up to
 //! [`CACHE_MAX_UNITS`] units (1 MiB) it frees, up to
-//! `CANOPY_LARGE_CACHE_KB` bytes of them, and hands one out again, without
-//! the lock, for a request of exactly its units.
+//! `CANOPY_LARGE_CACHE_KB` bytes of them (and no more than its share of
+//! `CANOPY_RETAIN_MB` among the threads with heaps, so that many threads
+//! together keep no more than the global heap would), and hands one out
+//! again, without the lock, for a request of exactly its units.
 //!
 //! ```text
 //!   heap.large_cache.heads[units - CACHE_MIN_UNITS] -> chunk -> chunk -> 0

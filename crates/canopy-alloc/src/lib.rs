@@ -850,7 +850,14 @@ unsafe fn free_large(d: *mut Desc, p: *mut u8, call: &'static str) {
         let units = (*d).a as usize;
         // A thread that is alone takes no lock in the global heap: the
         // cache would save it little and keep memory from other sizes.
-        let budget = if solo::solo_active() { 0 } else { options().large_cache_bytes };
+        // Otherwise the budget, but the caches of all threads together
+        // keep no more than the global heap's retain limit.
+        let budget = if solo::solo_active() {
+            0
+        } else {
+            let o = options();
+            o.large_cache_bytes.min(o.retain_bytes / thread::LIVE_HEAPS.load(Ordering::Relaxed).max(1))
+        };
         let cacheable = LargeCache::holds(units) && units * UNIT <= budget;
         let mut h = tls_heap();
         if h == empty_heap() && cacheable {

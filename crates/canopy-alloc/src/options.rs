@@ -8,7 +8,7 @@
 //! | `CANOPY_RETAIN_MB` | 64 | free memory the global heap keeps committed; what is above it for `CANOPY_DECAY_MS` is decommitted (largest spans first) down to half of it |
 //! | `CANOPY_DECAY_MS` | 1000 | how long free memory may stay above `CANOPY_RETAIN_MB` before it is decommitted (0: at once); a program that frees and allocates the same memory again within that time keeps it committed |
 //! | `CANOPY_HEAP_RETAIN_PAGES` | 2 | fully free 1 MiB pages a thread heap keeps before giving them back to the global heap |
-//! | `CANOPY_LARGE_CACHE_KB` | 4096 | freed large chunks of up to 1 MiB a thread keeps for its next large requests of the same size, without the global lock (0: none) |
+//! | `CANOPY_LARGE_CACHE_KB` | 4096 | freed large chunks of up to 1 MiB a thread keeps for its next large requests of the same size, without the global lock (0: none); at most `CANOPY_RETAIN_MB` divided by the threads with heaps |
 //! | `CANOPY_REMOTE_BATCH` | 32 | frees to another thread's memory collected per destination before one swap sends them (at most 1021, the pointers a batch block holds) |
 //! | `CANOPY_HUGE_PAGES` | 0 | ask for transparent huge pages on the arena |
 //! | `CANOPY_SOLO_UNLOCKED` | 1 | the global heap takes no lock while only one thread has a heap (if Canopy started in a process with one thread: `solo::init`) |

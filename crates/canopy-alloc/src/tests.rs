@@ -2284,3 +2284,41 @@ fn a_buffer_grown_by_realloc_moves_a_logarithmic_number_of_times() {
     }
     check_invariants().unwrap();
 }
+
+#[test]
+fn many_threads_together_cache_no_more_than_the_retain_limit() {
+    use std::sync::{Arc, Barrier};
+    let _g = serial();
+    let o = options();
+    // More threads than MiB in the retain limit: each one's share is below
+    // 1 MiB, so a chunk of 16 units is not cached but one of 5 is.
+    let n = (o.retain_bytes >> 20) + 16;
+    if o.large_cache_bytes < 1 << 20 || n > 256 {
+        return;
+    }
+    let barrier = Arc::new(Barrier::new(n));
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let small = alloc(64); // a heap of its own
+                barrier.wait();
+                let (big, short) = (alloc(1 << 20), alloc(300 << 10));
+                unsafe {
+                    free(big);
+                    free(short);
+                }
+                // SAFETY: this thread's own heap, read by its owner.
+                let cached = unsafe { (*tls_heap()).large_cache.bytes };
+                barrier.wait();
+                unsafe { free(small) };
+                cached
+            })
+        })
+        .collect();
+    for t in threads {
+        let cached = t.join().unwrap();
+        assert_eq!(cached, 5 * UNIT, "only the 5-unit chunk fits a share of {} KiB", o.retain_bytes / n >> 10);
+    }
+    check_invariants().unwrap();
+}
