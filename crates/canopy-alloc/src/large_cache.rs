@@ -195,9 +195,3 @@ impl LargeCache {
         Ok(())
     }
 }
-
-impl Default for LargeCache {
-    fn default() -> Self {
-        LargeCache::new()
-    }
-}

@@ -2318,7 +2318,7 @@ fn many_threads_together_cache_no_more_than_the_retain_limit() {
         .collect();
     for t in threads {
         let cached = t.join().unwrap();
-        assert_eq!(cached, 5 * UNIT, "only the 5-unit chunk fits a share of {} KiB", o.retain_bytes / n >> 10);
+        assert_eq!(cached, 5 * UNIT, "only the 5-unit chunk fits a share of {} KiB", (o.retain_bytes / n) >> 10);
     }
     check_invariants().unwrap();
 }
