@@ -100,6 +100,58 @@ pub(crate) struct Cursor {
     /// Blocks the fast path took through this cursor, not yet added to the
     /// heap's allocation count (see `Heap::settle`).
     pub(crate) taken: u32,
+    /// How many more blocks the kept list may take (0: none, always in
+    /// check mode and for classes whose blocks share cache lines).
+    pub(crate) kept_room: u32,
+    /// Blocks of this class from other heaps that this thread freed, kept
+    /// for its next allocations of the class (see [`Heap::keep`]): a stack
+    /// linked through the blocks' first words.  Each carries `flight_tag()`
+    /// (its owner counts it live, and a second free is refused) until it is
+    /// allocated again or sent to its owner.
+    pub(crate) kept: *mut Block,
+    /// While `kept` is not empty, the cursor's real word, and `word` is
+    /// [`ZERO_WORD`]: the fast path's one test (a free slot in the word?)
+    /// fails and its other branch takes the kept blocks first, so a class
+    /// with nothing kept pays no instruction for the kept list.
+    pub(crate) parked: *const BitWord,
+}
+
+impl Cursor {
+    /// Point the cursor at bitmap word `w` (its real word: parked while
+    /// blocks are kept).
+    #[inline]
+    fn set_word(&mut self, w: *const BitWord) {
+        if self.kept.is_null() {
+            self.word = w;
+        } else {
+            self.parked = w;
+        }
+    }
+
+    /// The cursor's real word (see `parked`).
+    pub(crate) fn real_word(&self) -> *const BitWord {
+        if self.kept.is_null() {
+            self.word
+        } else {
+            self.parked
+        }
+    }
+}
+
+/// Room of class `c`'s kept list (see [`Heap::keep`]): `keep_bytes`
+/// (`CANOPY_KEEP_KB`) of blocks, at least one, for classes whose blocks are
+/// whole cache lines (sizes that are multiples of 64: a slab is 64 KiB
+/// aligned and its slots start at multiples of the size, so such a block
+/// shares no line with another block); 0 for the others, where a thread
+/// reusing a block that other threads' blocks sit next to would share that
+/// line with them, and 0 for every class when `keep_bytes` is 0.
+pub(crate) fn kept_cap(c: usize, keep_bytes: usize) -> u32 {
+    let size = class_size(c);
+    if keep_bytes == 0 || size % 64 != 0 {
+        0
+    } else {
+        (keep_bytes / size).max(1) as u32
+    }
 }
 
 /// Slow-path visits between two sweeps for empty slabs, at least (see
@@ -112,7 +164,16 @@ pub(crate) static ZERO_WORD: BitWord = BitWord::new(0);
 
 impl Cursor {
     const fn empty() -> Cursor {
-        Cursor { word: &ZERO_WORD, base: 0, size: 0, desc: &EMPTY_DESC.0 as *const Desc as *mut Desc, taken: 0 }
+        Cursor {
+            word: &ZERO_WORD,
+            base: 0,
+            size: 0,
+            desc: &EMPTY_DESC.0 as *const Desc as *mut Desc,
+            taken: 0,
+            kept_room: 0,
+            kept: ptr::null_mut(),
+            parked: &ZERO_WORD,
+        }
     }
 }
 
@@ -199,7 +260,7 @@ pub(crate) struct Published {
 }
 
 /// Number of per-heap counters.
-pub(crate) const COUNTERS: usize = 9;
+pub(crate) const COUNTERS: usize = 10;
 
 /// Per-heap event counters (owner-only, published for statistics).
 #[derive(Clone, Copy, Default, Debug)]
@@ -208,6 +269,7 @@ pub(crate) struct HeapCounters {
     pub remote_frees_sent: u64,
     pub remote_batches_sent: u64,
     pub remote_frees_received: u64,
+    pub remote_frees_kept: u64,
     pub coalescings: u64,
     pub slabs_made: u64,
     pub pages_taken: u64,
@@ -227,6 +289,7 @@ impl HeapCounters {
             self.pages_taken,
             self.pages_returned,
             self.large_allocs,
+            self.remote_frees_kept,
         ]
     }
 }
@@ -387,6 +450,7 @@ impl Heap {
                 remote_frees_sent: 0,
                 remote_batches_sent: 0,
                 remote_frees_received: 0,
+                remote_frees_kept: 0,
                 coalescings: 0,
                 slabs_made: 0,
                 pages_taken: 0,
@@ -440,6 +504,11 @@ impl Heap {
             (*at).inbox.init();
             (*at).spares.init();
             (*at).remote_fast_cap = if crate::options().check { 0 } else { batch_cap() };
+            if !crate::options().check {
+                for c in 0..SMALL_CLASSES {
+                    (*at).cursors[c].kept_room = kept_cap(c, crate::options().keep_bytes);
+                }
+            }
         }
     }
 
@@ -548,7 +617,9 @@ impl Heap {
     fn set_current(&mut self, c: usize, d: *mut Desc) {
         self.settle(c);
         self.cur[c] = d;
-        self.cursors[c] = Cursor::empty();
+        let k = &mut self.cursors[c];
+        *k = Cursor { kept_room: k.kept_room, kept: k.kept, word: k.word, ..Cursor::empty() };
+        k.set_word(&ZERO_WORD);
     }
 
     /// Add the blocks class `c`'s cursor took to the heap's allocation count.
@@ -586,7 +657,9 @@ impl Heap {
                     crate::check::mark_allocated(d, p);
                 } else {
                     self.settle(c);
-                    self.cursors[c] = Cursor { word, base, size, desc: d, taken: 0 };
+                    let k = &mut self.cursors[c];
+                    (k.base, k.size, k.desc) = (base, size, d);
+                    k.set_word(word);
                 }
                 return Some(p);
             }
@@ -881,6 +954,63 @@ impl Heap {
             return true;
         }
         false
+    }
+
+    /// Keep `p`, a block of class `c` of another heap, for this thread's next
+    /// allocation of the class, if the class's kept list has room; false,
+    /// changing nothing, otherwise.  The caller has validated the block (a
+    /// live block of a small slab of another heap) and marks it in flight.
+    ///
+    /// # Safety
+    /// Called by this heap's thread (or on `EMPTY_HEAP`, whose lists have no
+    /// room: nothing is written); `c < SMALL_CLASSES`.
+    #[inline(always)]
+    pub(crate) unsafe fn keep(&mut self, c: usize, p: *mut u8) -> bool {
+        // SAFETY: c is a small class (caller's contract); the cursor is ours.
+        let k = unsafe { self.cursors.get_unchecked_mut(c) };
+        if k.kept_room == 0 {
+            return false;
+        }
+        k.kept_room -= 1;
+        if k.kept.is_null() {
+            k.parked = k.word;
+            k.word = &ZERO_WORD;
+        }
+        let b = p as *mut Block;
+        // SAFETY: p is a dead block of at least 16 bytes (caller's contract).
+        unsafe { (*b).next = k.kept };
+        k.kept = b;
+        self.counters.remote_frees_kept += 1;
+        true
+    }
+
+    /// Send every kept block to its owner (see [`keep`](Self::keep)): at
+    /// thread exit, in `collect()`, and in tests.
+    ///
+    /// # Safety
+    /// Called by this heap's thread.
+    pub(crate) unsafe fn flush_kept(&mut self) {
+        let me = self as *mut Heap;
+        for c in 0..SMALL_CLASSES {
+            let mut b = self.cursors[c].kept;
+            if b.is_null() {
+                continue;
+            }
+            self.cursors[c].word = self.cursors[c].parked;
+            self.cursors[c].kept = ptr::null_mut();
+            // SAFETY: the kept blocks are dead blocks of other heaps marked in
+            // flight (see `keep`); their descriptors say whose.
+            unsafe {
+                while !b.is_null() {
+                    let next = (*b).next;
+                    self.cursors[c].kept_room += 1;
+                    let owner = (*desc(arena::unit_index(b as usize))).heap.load(Ordering::Relaxed);
+                    debug_assert!(owner != me, "a kept block of the keeping heap");
+                    self.free_remote(owner, b as *mut u8);
+                    b = next;
+                }
+            }
+        }
     }
 
     /// Queue a free of `p` (a block of another heap `target`) for sending.
@@ -1298,6 +1428,7 @@ impl Heap {
         // SAFETY: owner.
         unsafe {
             crate::flush_large_cache(self, None);
+            self.flush_kept();
             self.drain_inbox();
             self.flush_remote();
             self.release_batches();
@@ -1401,6 +1532,48 @@ impl Heap {
         }
     }
 
+    /// The kept list of class `c` (see [`keep`](Self::keep)): its blocks and
+    /// its room add up to the class's cap (both 0 in check mode); while it
+    /// holds blocks the cursor's word is parked; every block is a block of
+    /// class `c` of another heap's slab, marked in flight.
+    fn check_kept(&self, c: usize, check_mode: bool) -> Result<(), &'static str> {
+        let k = &self.cursors[c];
+        let cap = if check_mode { 0 } else { kept_cap(c, crate::options().keep_bytes) };
+        let mut n = 0u32;
+        let mut b = k.kept;
+        while !b.is_null() {
+            n += 1;
+            if n > cap {
+                return Err("a kept list holds more blocks than its cap");
+            }
+            let idx = arena::unit_index(b as usize);
+            if idx >= arena::MAX_UNITS {
+                return Err("a kept block lies outside the arena");
+            }
+            // SAFETY: idx < MAX_UNITS; a kept block is dead and ours to read.
+            unsafe {
+                let d = desc(idx);
+                if (*d).kind != kind::SMALL || (*d).class as usize != c {
+                    return Err("a kept block is not a small block of its class");
+                }
+                if ptr::eq((*d).heap.load(Ordering::Relaxed), self) {
+                    return Err("a kept block belongs to the keeping heap");
+                }
+                if (*b).tag != flight_tag() {
+                    return Err("a kept block is not marked in flight");
+                }
+                b = (*b).next;
+            }
+        }
+        if n + k.kept_room != cap {
+            return Err("a kept list's blocks and room are not its cap");
+        }
+        if n > 0 && !ptr::eq(k.word, &ZERO_WORD) {
+            return Err("a cursor with kept blocks has its word set");
+        }
+        Ok(())
+    }
+
     /// Check this heap's invariants (owner thread; debug builds and tests).
     pub(crate) fn check(&self) -> Result<(), &'static str> {
         let check_mode = crate::options().check;
@@ -1424,12 +1597,13 @@ impl Heap {
             if !check_mode && self.cursors[c].desc != d && self.cursors[c].desc != empty_desc() {
                 return Err("the class's cursor is in another slab than its current one");
             }
-            if check_mode && !core::ptr::eq(self.cursors[c].word, &ZERO_WORD) {
+            if check_mode && !core::ptr::eq(self.cursors[c].real_word(), &ZERO_WORD) {
                 return Err("a cursor is set in check mode");
             }
             if granules(c).any(|g| !core::ptr::eq(self.direct[g], &self.cursors[c])) {
                 return Err("a size granule's cursor is not its class's");
             }
+            self.check_kept(c, check_mode)?;
             for (head, full) in [(self.avail[c], false), (self.full[c], true)] {
                 let mut s = head;
                 while !s.is_null() {

@@ -181,6 +181,23 @@ unsafe fn take_or_else(cp: *mut heap::Cursor, slow: impl FnOnce() -> *mut u8) ->
             (*p).tag = 0;
             return p as *mut u8;
         }
+        // No free slot in the word; while blocks of other heaps this thread
+        // freed are kept for this class (see `Heap::keep`), the word is
+        // `ZERO_WORD` and this takes the most recently freed one, still in
+        // this core's cache.
+        let k = (*cp).kept;
+        if !k.is_null() {
+            let next = (*k).next;
+            (*cp).kept = next;
+            if next.is_null() {
+                // The last one: the cursor's word is its own again.
+                (*cp).word = (*cp).parked;
+            }
+            (*cp).kept_room += 1;
+            (*cp).taken += 1;
+            (*k).tag = 0;
+            return k as *mut u8;
+        }
     }
     slow()
 }
@@ -610,7 +627,12 @@ unsafe fn free_elsewhere(p: *mut u8, call: &'static str, expected: usize) {
                 let b = p as *mut Block;
                 if (*b).tag ^ key > 1 {
                     let owner = (*d).heap.load(canopy_sync::prim::Ordering::Relaxed);
-                    if (*tls_heap()).try_queue_remote(owner, p) {
+                    let me = tls_heap();
+                    // Kept for this thread's next allocation of the class
+                    // when there is room (never a block of its own heap: a
+                    // full slab's block goes home on the slow path), else
+                    // into the batch open for the owner.
+                    if (owner != me && (*me).keep((*d).class as usize, p)) || (*me).try_queue_remote(owner, p) {
                         // In flight (see arena::Block): the owner takes
                         // the batch in by this mark.
                         (*b).tag = key;
@@ -1168,6 +1190,7 @@ pub fn collect() -> usize {
     if h != empty_heap() {
         // SAFETY: our own heap.
         unsafe {
+            (*h).flush_kept();
             (*h).maintenance();
             (*h).sweep_empty();
             flush_large_cache(h, None);

@@ -9,6 +9,7 @@
 //! | `CANOPY_DECAY_MS` | 1000 | how long free memory may stay above `CANOPY_RETAIN_MB` before it is decommitted (0: at once); a program that frees and allocates the same memory again within that time keeps it committed |
 //! | `CANOPY_HEAP_RETAIN_PAGES` | 2 | fully free 1 MiB pages a thread heap keeps before giving them back to the global heap |
 //! | `CANOPY_LARGE_CACHE_KB` | 4096 | freed large chunks of up to 1 MiB a thread keeps for its next large requests of the same size, without the global lock (0: none); at most `CANOPY_RETAIN_MB` divided by the threads with heaps |
+//! | `CANOPY_KEEP_KB` | 4 | blocks of other threads a thread frees that it keeps for its own next allocations of the same size class, per class (0: none; only classes whose blocks are whole cache lines, multiples of 64 bytes; at least one block of each); the rest go home in batches |
 //! | `CANOPY_REMOTE_BATCH` | 32 | frees to another thread's memory collected per destination before one swap sends them (at most 1021, the pointers a batch block holds) |
 //! | `CANOPY_HUGE_PAGES` | 0 | ask for transparent huge pages on the arena |
 //! | `CANOPY_SOLO_UNLOCKED` | 1 | the global heap takes no lock while only one thread has a heap (if Canopy started in a process with one thread: `solo::init`) |
@@ -40,6 +41,8 @@ pub struct Options {
     pub heap_retain_pages: usize,
     /// Bytes of freed large chunks a thread keeps (its large cache).
     pub large_cache_bytes: usize,
+    /// Bytes of other threads' freed blocks a thread keeps per size class.
+    pub keep_bytes: usize,
     /// Remote frees per batch.
     pub remote_batch: usize,
     /// Transparent huge pages.
@@ -59,6 +62,7 @@ impl Options {
         decay_ms: 1000,
         heap_retain_pages: 2,
         large_cache_bytes: 4 << 20,
+        keep_bytes: 4 << 10,
         remote_batch: 32,
         huge_pages: false,
         solo_unlocked: true,
@@ -95,6 +99,7 @@ impl Options {
             large_cache_bytes: r
                 .num(c"CANOPY_LARGE_CACHE_KB", d.large_cache_bytes >> 10, 0, usize::MAX >> 10, "")
                 << 10,
+            keep_bytes: r.num(c"CANOPY_KEEP_KB", d.keep_bytes >> 10, 0, 1024, "") << 10,
             remote_batch: r.num(
                 c"CANOPY_REMOTE_BATCH",
                 d.remote_batch,
@@ -110,13 +115,14 @@ impl Options {
 }
 
 /// The allocator's variables (the table above).
-const NAMES: [&str; 10] = [
+const NAMES: [&str; 11] = [
     "CANOPY_CHECK",
     "CANOPY_ARENA_GB",
     "CANOPY_RETAIN_MB",
     "CANOPY_DECAY_MS",
     "CANOPY_HEAP_RETAIN_PAGES",
     "CANOPY_LARGE_CACHE_KB",
+    "CANOPY_KEEP_KB",
     "CANOPY_REMOTE_BATCH",
     "CANOPY_HUGE_PAGES",
     "CANOPY_SOLO_UNLOCKED",
@@ -331,6 +337,7 @@ mod tests {
             ("CANOPY_DECAY_MS", "0"),
             ("CANOPY_HEAP_RETAIN_PAGES", "5"),
             ("CANOPY_LARGE_CACHE_KB", "0"),
+            ("CANOPY_KEEP_KB", "16"),
             ("CANOPY_REMOTE_BATCH", "128"),
             ("CANOPY_HUGE_PAGES", "1"),
             ("CANOPY_SOLO_UNLOCKED", "0"),
@@ -344,6 +351,7 @@ mod tests {
             decay_ms: 0,
             heap_retain_pages: 5,
             large_cache_bytes: 0,
+            keep_bytes: 16 << 10,
             remote_batch: 128,
             huge_pages: true,
             solo_unlocked: false,

@@ -62,6 +62,10 @@ pub struct Stats {
     pub remote_batches: u64,
     /// Remote frees taken in by their owners.
     pub remote_frees_received: u64,
+    /// Frees of other threads' blocks that the freeing thread kept for its
+    /// own next allocations of the same class (not sent, not counted in
+    /// `remote_frees` unless sent later).
+    pub remote_frees_kept: u64,
     /// Deferred coalescing passes in medium heaps.
     pub coalescings: u64,
     /// Coalescings of free spans in the global heap.
@@ -160,6 +164,7 @@ impl Default for Stats {
             remote_frees: 0,
             remote_batches: 0,
             remote_frees_received: 0,
+            remote_frees_kept: 0,
             coalescings: 0,
             span_coalescings: 0,
             pages_to_heaps: 0,
@@ -213,6 +218,7 @@ pub fn snapshot() -> Stats {
         s.remote_frees += k(1);
         s.remote_batches += k(2);
         s.remote_frees_received += k(3);
+        s.remote_frees_kept += k(9);
         s.coalescings += k(4);
         batch_bytes += h.published.batch_bytes.load(Ordering::Relaxed);
         let _ = h.tid == DEAD_TID;
@@ -255,7 +261,7 @@ pub fn snapshot() -> Stats {
 }
 
 impl Stats {
-    fn rows(&self) -> [(&'static str, u64); 28] {
+    fn rows(&self) -> [(&'static str, u64); 29] {
         [
             ("reserved_bytes", self.reserved_bytes),
             ("committed_bytes", self.committed_bytes),
@@ -266,6 +272,7 @@ impl Stats {
             ("remote_frees", self.remote_frees),
             ("remote_batches", self.remote_batches),
             ("remote_frees_received", self.remote_frees_received),
+            ("remote_frees_kept", self.remote_frees_kept),
             ("coalescings", self.coalescings),
             ("span_coalescings", self.span_coalescings),
             ("pages_to_heaps", self.pages_to_heaps),

@@ -97,3 +97,72 @@ fn over_aligned_types() {
     }
     assert!(lines.iter().enumerate().all(|(i, l)| l.0[0] == i as u8));
 }
+
+/// Larson's server pattern: each thread replaces random blocks of a table and
+/// the tables move on to the next thread every round, so most frees are of
+/// other threads' blocks (kept by the freeing thread for its next
+/// allocations of the class, or sent home).  Every block is filled with a
+/// stamp and checked in full before it is freed; the live blocks of all
+/// tables are distinct after every round.
+#[test]
+fn tables_handed_between_threads_keep_every_byte() {
+    use std::sync::{Arc, Barrier, Mutex};
+    const THREADS: usize = 3;
+    const SLOTS: usize = 400;
+    let rounds = 12 * scale();
+    let stamp = |v: &[u8]| v.first().copied().unwrap_or(0);
+    let fresh = |len: usize, s: u8| vec![s; len];
+    let tables: Arc<Vec<Mutex<Vec<Vec<u8>>>>> = Arc::new(
+        (0..THREADS).map(|t| Mutex::new((0..SLOTS).map(|i| fresh(16 + (i * 37 + t) % 2033, (i + t) as u8)).collect())).collect(),
+    );
+    let barrier = Arc::new(Barrier::new(THREADS));
+    let hs: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (tables, barrier) = (tables.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
+                let mut rnd = move || {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x
+                };
+                for round in 0..rounds {
+                    let mut table = tables[(t + round) % THREADS].lock().unwrap();
+                    for _ in 0..2000 {
+                        let s = rnd() as usize % SLOTS;
+                        let old = std::mem::take(&mut table[s]);
+                        let st = stamp(&old);
+                        assert!(old.iter().all(|&b| b == st), "a block changed while it was live");
+                        drop(old);
+                        let r = rnd();
+                        table[s] = fresh(16 + (r as usize >> 8) % 2033, r as u8);
+                    }
+                    drop(table);
+                    barrier.wait();
+                    if t == 0 {
+                        let mut seen = std::collections::HashSet::new();
+                        for tb in tables.iter() {
+                            for v in tb.lock().unwrap().iter() {
+                                assert!(seen.insert(v.as_ptr() as usize), "a block is in two slots");
+                            }
+                        }
+                    }
+                    barrier.wait();
+                }
+                canopy_alloc::check_invariants().unwrap();
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let s = canopy_alloc::stats::snapshot();
+    let o = canopy_alloc::options();
+    if !o.check && o.keep_bytes > 0 {
+        assert!(s.remote_frees_kept > 0, "other threads' blocks were kept for reuse");
+    } else {
+        assert_eq!(s.remote_frees_kept, 0, "nothing is kept in check mode or with CANOPY_KEEP_KB=0");
+    }
+    canopy_alloc::check_invariants().unwrap();
+}
