@@ -32,6 +32,13 @@
 //! chase a chain of blocks that sit in the freeing thread's cache (one miss
 //! after another): it walks the array and its loads of the blocks overlap.
 //!
+//! A free of another heap's block whose class is whole cache lines (a
+//! multiple of 64 bytes) is first *kept* by the freeing thread, up to
+//! `CANOPY_KEEP_KB` per class (see [`Heap::keep`]): its next allocation of
+//! the class takes it back, still in its cache.  Kept blocks stay marked in
+//! flight (live for their owner) until then, or until the thread exits or
+//! calls `collect()`, which send them home.
+//!
 //! A heap outlives its thread: when the thread exits, the heap is *abandoned*
 //! (its slabs lose their owner, empty pages go back to the global heap) and
 //! the next thread that needs a heap *adopts* it with all its memory.
@@ -41,6 +48,10 @@
 //!   `cursors[c]` is empty (its word [`ZERO_WORD`]) or a word of `cur[c]`'s
 //!   bitmap, and always empty in check mode; `direct[g]` points at
 //!   `cursors[c]` for every size granule `g` of class `c`.
+//! - A cursor's kept blocks and its `kept_room` add up to the class's cap
+//!   ([`kept_cap`], 0 in check mode); while it keeps blocks its `word` is
+//!   [`ZERO_WORD`] and the real word is `parked`; every kept block is a block
+//!   of the class in another heap's slab, marked in flight.
 //! - A slab on `avail[c]` has no FULL flag; a slab on `full[c]` has it.
 //! - Every slab's `heap` is this heap; `owner` is `tid` for the slabs on
 //!   `avail` while the heap is live outside check mode, and 0 for the slabs on
