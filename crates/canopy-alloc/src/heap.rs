@@ -33,7 +33,8 @@
 //! after another): it walks the array and its loads of the blocks overlap.
 //!
 //! A free of another heap's block whose class is whole cache lines (a
-//! multiple of 64 bytes) is first *kept* by the freeing thread, up to
+//! multiple of 64 bytes), by a thread that allocates in that class, is
+//! first *kept* by the freeing thread, up to
 //! `CANOPY_KEEP_KB` per class (see [`Heap::keep`]): its next allocation of
 //! the class takes it back, still in its cache.  Kept blocks stay marked in
 //! flight (live for their owner) until then, or until the thread exits or
@@ -968,9 +969,12 @@ impl Heap {
     }
 
     /// Keep `p`, a block of class `c` of another heap, for this thread's next
-    /// allocation of the class, if the class's kept list has room; false,
-    /// changing nothing, otherwise.  The caller has validated the block (a
-    /// live block of a small slab of another heap) and marks it in flight.
+    /// allocation of the class, if the class's kept list has room and the
+    /// thread allocates in that class (its cursor has a current slab: a
+    /// thread that only frees, such as a consumer or a counting thread,
+    /// keeps nothing); false, changing nothing, otherwise.  The caller has
+    /// validated the block (a live block of a small slab of another heap)
+    /// and marks it in flight.
     ///
     /// # Safety
     /// Called by this heap's thread (or on `EMPTY_HEAP`, whose lists have no
@@ -979,7 +983,7 @@ impl Heap {
     pub(crate) unsafe fn keep(&mut self, c: usize, p: *mut u8) -> bool {
         // SAFETY: c is a small class (caller's contract); the cursor is ours.
         let k = unsafe { self.cursors.get_unchecked_mut(c) };
-        if k.kept_room == 0 {
+        if k.kept_room == 0 || k.desc == empty_desc() {
             return false;
         }
         k.kept_room -= 1;

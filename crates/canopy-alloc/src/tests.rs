@@ -2331,6 +2331,14 @@ fn many_threads_together_cache_no_more_than_the_retain_limit() {
 
 // ----- kept lists: other heaps' blocks a thread freed, reused by it -----
 
+/// Allocate and free one block of `size` on this thread, so that its heap
+/// allocates in that class (a thread keeps only blocks of such classes).
+fn activate(size: usize) {
+    let p = alloc(size);
+    assert!(!p.is_null());
+    unsafe { free(p) };
+}
+
 /// Blocks the calling thread's heap keeps for class `c`, and its room.
 fn kept_of(c: usize) -> (usize, u32) {
     let h = tls_heap();
@@ -2359,6 +2367,7 @@ fn a_thread_keeps_the_blocks_of_other_heaps_it_frees_and_reuses_them_first() {
     let blocks: Vec<usize> = (0..cap / 2).map(|_| alloc(256) as usize).collect();
     let check_mode = options().check;
     let (kept_after_frees, reused, room_after) = on_thread_with_heap(move || {
+        activate(256);
         // SAFETY: our own heap.
         let kept0 = unsafe { (*tls_heap()).counters.remote_frees_kept };
         for &p in &blocks {
@@ -2407,6 +2416,7 @@ fn a_kept_list_is_bounded_and_the_rest_travels_home_in_batches() {
     let n = 3 * cap + 5;
     let blocks: Vec<usize> = (0..n).map(|_| alloc(1024) as usize).collect();
     let (kept, sent, kept_now) = on_thread_with_heap(move || {
+        activate(1024);
         // SAFETY: our own heap.
         let counters = || unsafe { ((*tls_heap()).counters.remote_frees_kept, (*tls_heap()).counters.remote_frees_sent) };
         let (k0, s0) = counters();
@@ -2445,6 +2455,7 @@ fn blocks_that_share_cache_lines_are_never_kept() {
         assert_eq!(crate::heap::kept_cap(c, options().keep_bytes), 0, "class of {size} B");
         let blocks: Vec<usize> = (0..8).map(|_| alloc(size) as usize).collect();
         let kept = on_thread_with_heap(move || {
+            activate(size);
             // SAFETY: our own heap.
             let k0 = unsafe { (*tls_heap()).counters.remote_frees_kept };
             for p in blocks {
@@ -2473,6 +2484,7 @@ fn a_kept_block_freed_again_is_refused_by_its_keeper_and_its_owner() {
     let (back_tx, back_rx) = std::sync::mpsc::channel::<()>();
     let t = std::thread::spawn(move || {
         on_thread_with_heap(move || {
+            activate(512);
             let c = small_class_index(512);
             unsafe { free(x as *mut u8) };
             assert_eq!(kept_of(c).0, 1, "the block is kept");
@@ -2522,6 +2534,7 @@ fn kept_blocks_go_home_on_collect() {
     let (kept_tx, kept_rx) = std::sync::mpsc::channel::<usize>();
     let t = std::thread::spawn(move || {
         on_thread_with_heap(move || {
+            activate(4096);
             for p in blocks {
                 unsafe { free(p as *mut u8) };
             }
@@ -2546,5 +2559,28 @@ fn kept_blocks_go_home_on_collect() {
     assert_eq!(received() - r0, cap as u64, "and they arrived");
     tx.send(()).unwrap();
     t.join().unwrap();
+    check_invariants().unwrap();
+}
+
+#[test]
+fn a_thread_that_does_not_allocate_a_class_keeps_none_of_its_blocks() {
+    let _g = shared();
+    // The consumer of a producer/consumer pair, or a counting thread: it
+    // frees other threads' blocks of classes it never allocates, and every
+    // free goes home (kept blocks would sit in it until it exits).
+    let blocks: Vec<usize> = (0..40).map(|_| alloc(1024) as usize).collect();
+    let (kept, sent) = on_thread_with_heap(move || {
+        // SAFETY: our own heap.
+        let counters = || unsafe { ((*tls_heap()).counters.remote_frees_kept, (*tls_heap()).counters.remote_frees_sent) };
+        let (k0, s0) = counters();
+        for p in blocks {
+            unsafe { free(p as *mut u8) };
+        }
+        let (k1, s1) = counters();
+        check_invariants().unwrap();
+        (k1 - k0, s1 - s0)
+    });
+    assert_eq!((kept, sent), (0, 40), "a class the thread does not allocate is not kept");
+    collect();
     check_invariants().unwrap();
 }
