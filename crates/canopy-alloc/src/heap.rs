@@ -121,33 +121,6 @@ pub(crate) struct Cursor {
     /// (its owner counts it live, and a second free is refused) until it is
     /// allocated again or sent to its owner.
     pub(crate) kept: *mut Block,
-    /// While `kept` is not empty, the cursor's real word, and `word` is
-    /// [`ZERO_WORD`]: the fast path's one test (a free slot in the word?)
-    /// fails and its other branch takes the kept blocks first, so a class
-    /// with nothing kept pays no instruction for the kept list.
-    pub(crate) parked: *const BitWord,
-}
-
-impl Cursor {
-    /// Point the cursor at bitmap word `w` (its real word: parked while
-    /// blocks are kept).
-    #[inline]
-    fn set_word(&mut self, w: *const BitWord) {
-        if self.kept.is_null() {
-            self.word = w;
-        } else {
-            self.parked = w;
-        }
-    }
-
-    /// The cursor's real word (see `parked`).
-    pub(crate) fn real_word(&self) -> *const BitWord {
-        if self.kept.is_null() {
-            self.word
-        } else {
-            self.parked
-        }
-    }
 }
 
 /// Room of class `c`'s kept list (see [`Heap::keep`]): `keep_bytes`
@@ -184,7 +157,6 @@ impl Cursor {
             taken: 0,
             kept_room: 0,
             kept: ptr::null_mut(),
-            parked: &ZERO_WORD,
         }
     }
 }
@@ -630,8 +602,7 @@ impl Heap {
         self.settle(c);
         self.cur[c] = d;
         let k = &mut self.cursors[c];
-        *k = Cursor { kept_room: k.kept_room, kept: k.kept, word: k.word, ..Cursor::empty() };
-        k.set_word(&ZERO_WORD);
+        *k = Cursor { kept_room: k.kept_room, kept: k.kept, ..Cursor::empty() };
     }
 
     /// Add the blocks class `c`'s cursor took to the heap's allocation count.
@@ -670,8 +641,7 @@ impl Heap {
                 } else {
                     self.settle(c);
                     let k = &mut self.cursors[c];
-                    (k.base, k.size, k.desc) = (base, size, d);
-                    k.set_word(word);
+                    (k.word, k.base, k.size, k.desc) = (word, base, size, d);
                 }
                 return Some(p);
             }
@@ -987,10 +957,6 @@ impl Heap {
             return false;
         }
         k.kept_room -= 1;
-        if k.kept.is_null() {
-            k.parked = k.word;
-            k.word = &ZERO_WORD;
-        }
         let b = p as *mut Block;
         // SAFETY: p is a dead block of at least 16 bytes (caller's contract).
         unsafe { (*b).next = k.kept };
@@ -1011,7 +977,6 @@ impl Heap {
             if b.is_null() {
                 continue;
             }
-            self.cursors[c].word = self.cursors[c].parked;
             self.cursors[c].kept = ptr::null_mut();
             // SAFETY: the kept blocks are dead blocks of other heaps marked in
             // flight (see `keep`); their descriptors say whose.
@@ -1583,9 +1548,6 @@ impl Heap {
         if n + k.kept_room != cap {
             return Err("a kept list's blocks and room are not its cap");
         }
-        if n > 0 && !ptr::eq(k.word, &ZERO_WORD) {
-            return Err("a cursor with kept blocks has its word set");
-        }
         Ok(())
     }
 
@@ -1612,7 +1574,7 @@ impl Heap {
             if !check_mode && self.cursors[c].desc != d && self.cursors[c].desc != empty_desc() {
                 return Err("the class's cursor is in another slab than its current one");
             }
-            if check_mode && !core::ptr::eq(self.cursors[c].real_word(), &ZERO_WORD) {
+            if check_mode && !core::ptr::eq(self.cursors[c].word, &ZERO_WORD) {
                 return Err("a cursor is set in check mode");
             }
             if granules(c).any(|g| !core::ptr::eq(self.direct[g], &self.cursors[c])) {

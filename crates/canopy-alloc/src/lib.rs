@@ -172,6 +172,19 @@ unsafe fn take_or_else(cp: *mut heap::Cursor, slow: impl FnOnce() -> *mut u8) ->
     // (only the owner writes a bitmap); an empty cursor's word is 0, so
     // nothing is written through it.
     unsafe {
+        // First a block of another heap this thread freed, kept for this
+        // class (see `Heap::keep`): the most recently freed, still in this
+        // core's cache.  (Tested before the word: with the kept list parked
+        // behind the word's test instead, Larson's two threads ran 10-16 %
+        // slower; single-threaded loops pay these three instructions.)
+        let k = (*cp).kept;
+        if !k.is_null() {
+            (*cp).kept = (*k).next;
+            (*cp).kept_room += 1;
+            (*cp).taken += 1;
+            (*k).tag = 0;
+            return k as *mut u8;
+        }
         let word = &*(*cp).word;
         if let Some((rest, bit)) = slab::take_lowest_bits(word.load(core::sync::atomic::Ordering::Relaxed)) {
             word.store(rest, core::sync::atomic::Ordering::Relaxed);
@@ -180,23 +193,6 @@ unsafe fn take_or_else(cp: *mut heap::Cursor, slow: impl FnOnce() -> *mut u8) ->
             // Clear the free mark (see arena::Block).
             (*p).tag = 0;
             return p as *mut u8;
-        }
-        // No free slot in the word; while blocks of other heaps this thread
-        // freed are kept for this class (see `Heap::keep`), the word is
-        // `ZERO_WORD` and this takes the most recently freed one, still in
-        // this core's cache.
-        let k = (*cp).kept;
-        if !k.is_null() {
-            let next = (*k).next;
-            (*cp).kept = next;
-            if next.is_null() {
-                // The last one: the cursor's word is its own again.
-                (*cp).word = (*cp).parked;
-            }
-            (*cp).kept_room += 1;
-            (*cp).taken += 1;
-            (*k).tag = 0;
-            return k as *mut u8;
         }
     }
     slow()
