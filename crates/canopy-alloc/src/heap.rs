@@ -50,9 +50,8 @@
 //!   bitmap, and always empty in check mode; `direct[g]` points at
 //!   `cursors[c]` for every size granule `g` of class `c`.
 //! - A cursor's kept blocks and its `kept_room` add up to the class's cap
-//!   ([`kept_cap`], 0 in check mode); while it keeps blocks its `word` is
-//!   [`ZERO_WORD`] and the real word is `parked`; every kept block is a block
-//!   of the class in another heap's slab, marked in flight.
+//!   ([`kept_cap`], 0 in check mode); every kept block is a block of the
+//!   class in another heap's slab, marked in flight.
 //! - A slab on `avail[c]` has no FULL flag; a slab on `full[c]` has it.
 //! - Every slab's `heap` is this heap; `owner` is `tid` for the slabs on
 //!   `avail` while the heap is live outside check mode, and 0 for the slabs on
@@ -1513,9 +1512,9 @@ impl Heap {
     }
 
     /// The kept list of class `c` (see [`keep`](Self::keep)): its blocks and
-    /// its room add up to the class's cap (both 0 in check mode); while it
-    /// holds blocks the cursor's word is parked; every block is a block of
-    /// class `c` of another heap's slab, marked in flight.
+    /// its room add up to the class's cap (both 0 in check mode); every
+    /// block is a block of class `c` of another heap's slab, marked in
+    /// flight.
     fn check_kept(&self, c: usize, check_mode: bool) -> Result<(), &'static str> {
         let k = &self.cursors[c];
         let cap = if check_mode { 0 } else { kept_cap(c, crate::options().keep_bytes) };

@@ -174,9 +174,10 @@ unsafe fn take_or_else(cp: *mut heap::Cursor, slow: impl FnOnce() -> *mut u8) ->
     unsafe {
         // First a block of another heap this thread freed, kept for this
         // class (see `Heap::keep`): the most recently freed, still in this
-        // core's cache.  (Tested before the word: with the kept list parked
-        // behind the word's test instead, Larson's two threads ran 10-16 %
-        // slower; single-threaded loops pay these three instructions.)
+        // core's cache.  (Tested before the word: with the kept list reached
+        // through the word's test instead, the word parked while blocks were
+        // kept, Larson's two threads ran about 10 % slower; single-threaded
+        // loops pay these three instructions.)
         let k = (*cp).kept;
         if !k.is_null() {
             (*cp).kept = (*k).next;
