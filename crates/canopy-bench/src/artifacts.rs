@@ -360,6 +360,9 @@ pub enum CProgram {
     /// `c/workloads.c`: Larson, producer/consumer, false sharing, size walk, thread churn,
     /// mixed sizes, phases.
     Workloads,
+    /// `c/inprocess.c`: allocators loaded side by side into one process and
+    /// run in alternating bursts.
+    InProcess,
 }
 
 /// Flags every C program is compiled with.
@@ -371,6 +374,7 @@ impl CProgram {
         match self {
             CProgram::Sac => "sac",
             CProgram::Workloads => "workloads",
+            CProgram::InProcess => "inprocess",
         }
     }
 
@@ -379,6 +383,7 @@ impl CProgram {
         match self {
             CProgram::Sac => include_str!("../c/sac.c"),
             CProgram::Workloads => include_str!("../c/workloads.c"),
+            CProgram::InProcess => include_str!("../c/inprocess.c"),
         }
     }
 

@@ -178,3 +178,51 @@ fn unknown_workload_is_an_error() {
     assert!(!out.success());
     assert!(out.stderr.contains("unknown workload"));
 }
+
+/// Run `c/inprocess.c` with every contender loaded at once and parse its
+/// per-library lines.
+fn inprocess_lines(loop_name: &str, cs: &[Contender]) -> Vec<ResultLine> {
+    use canopy_bench::experiments::in_process::{lib_arg_of, tunables};
+    let prog = CProgram::InProcess.compile().expect("compile c/inprocess.c");
+    let mut args: Vec<String> = vec![loop_name.into(), "2".into(), "1".into()];
+    args.extend(cs.iter().map(lib_arg_of));
+    let mut inv = Invocation::new(prog, args, &Contender::glibc(), TIMEOUT);
+    inv.env.push(("GLIBC_TUNABLES".into(), tunables(None)));
+    let out = run(&inv).unwrap_or_else(|e| panic!("could not run {}: {e:#}", inv.display()));
+    assert!(out.success(), "{} failed: {}\n{}", inv.display(), out.exit, out.stderr);
+    out.stdout
+        .lines()
+        .filter(|l| l.starts_with("lib="))
+        .map(|l| ResultLine::parse(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn inprocess_loops_do_the_same_work_on_every_contender() {
+    let cs = contenders();
+    for l in canopy_bench::experiments::in_process::LOOPS {
+        let lines = inprocess_lines(l.name, &cs);
+        assert_eq!(lines.len(), cs.len(), "one line per library in loop {}", l.name);
+        let reference = &lines[0].fields["checksum"];
+        for (line, c) in lines.iter().zip(&cs) {
+            assert_eq!(&line.fields["checksum"], reference, "loop {} on {} vs glibc", l.name, c.name);
+            let ns: f64 = line.fields["median_ns"].parse().unwrap();
+            assert!(ns > 0.0 && ns.is_finite(), "loop {} on {}: {ns}", l.name, c.name);
+        }
+    }
+}
+
+#[test]
+fn inprocess_rejects_an_unknown_loop_and_a_missing_library() {
+    let prog = CProgram::InProcess.compile().expect("compile c/inprocess.c");
+    for (args, says) in [
+        (["nope", "2", "1", "glibc"], "unknown loop"),
+        (["same", "2", "1", "/nonexistent/libnothing.so"], "cannot load"),
+        (["same", "0", "1", "glibc"], "BURSTS must be"),
+    ] {
+        let inv = Invocation::new(prog.clone(), args.map(String::from).to_vec(), &Contender::glibc(), TIMEOUT);
+        let out = run(&inv).unwrap();
+        assert_eq!(out.exit, Exit::Code { code: 2 }, "{}", inv.display());
+        assert!(out.stderr.contains(says), "{}: {}", inv.display(), out.stderr);
+    }
+}

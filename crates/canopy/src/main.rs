@@ -12,7 +12,7 @@ use canopy_bench::anchors::{self, Contenders, Discover, ANCHORS};
 use canopy_bench::artifacts::Lookup;
 use canopy_bench::experiments::region::RegionCommon;
 use canopy_bench::experiments::{
-    hh_suite, rc, region_frag, region_pack, region_speed, sac, sac_callgrind, workloads, Common,
+    hh_suite, in_process, rc, region_frag, region_pack, region_speed, sac, sac_callgrind, workloads, Common,
     Finished,
 };
 use canopy_bench::report::{self, Size};
@@ -44,6 +44,11 @@ size walk from 8 B to 4 MiB (peak RSS), thread churn, mixed sizes (one thread's 
 while others allocate and free large ones) and phases (large blocks after a phase that freed \
 64 MiB per thread, medium ones beside a heap whose free blocks cannot merge). Time and peak RSS relative to the best anchor and to mimalloc, with \
 geometric means.
+  in-process     The allocators loaded side by side into one process (dlopen) and run in \
+alternating bursts, the order turned every burst: one 64-byte block freed and allocated again, four \
+live blocks of one size and of random sizes 16..256, and Larson's two threads with each thread's \
+work timed between the barriers. On a shared machine a slow minute then falls on every allocator \
+alike; ns per operation and ratios to the best anchor.
 
 Region experiments (paper 002, Lyberis et al., \"The Myrmics Memory Allocator: Hierarchical, \
 Message-Passing Allocation for Global Address Spaces\"), run in-process on Canopy's region allocator:
@@ -97,7 +102,7 @@ struct Cli {
 enum Cmd {
     /// Run every experiment at the quick size against the anchors, print the tables, write results/tour/
     #[command(
-        long_about = "Run every experiment that exists (sac, sac-callgrind, workloads, region-frag, region-speed, \
+        long_about = "Run every experiment that exists (sac, sac-callgrind, workloads, in-process, region-frag, region-speed, \
                             region-pack, rc-sac, rc-kernel, rc-fft, rc-reuse, hh-suite) at the quick size against the anchors, \
                             print their Markdown tables and write them to results/tour/ (or --results-dir), next to, not over, \
                             the full-size results in results/ that the README cites. Takes a few minutes; it builds \
@@ -154,6 +159,21 @@ enum Experiment {
                             Time and peak RSS relative to the best anchor and to mimalloc, with geometric means."
     )]
     Workloads(WorkloadArgs),
+    /// The allocators side by side in one process, alternating bursts: small-block loops and Larson
+    #[command(
+        long_about = "Every allocator loaded into one process with dlopen (each called through its own malloc \
+                            and free; jemalloc gets static TLS room through GLIBC_TUNABLES), then each loop run \
+                            in short bursts on each allocator in turn, the order turned by one every burst, timing \
+                            only the loop's own work. Loops: same (one 64-byte block freed and allocated again), \
+                            four (four live 64-byte blocks, one replaced at random each step), random (the same \
+                            with sizes 16..256: the small half of the mixed workload), larson (two threads, tables \
+                            of 1000 blocks of 16..1024 B, each round on the other thread's table; each thread's \
+                            work timed between the barriers). Nanoseconds per free+malloc: the median burst, then \
+                            the median over processes; ratios to the best anchor and to mimalloc. Separate \
+                            processes on a shared VM measure the minute they ran in as much as the allocator \
+                            (Larson's barrier wake-ups above all); this measure is steady to a few per cent."
+    )]
+    InProcess(InProcessArgs),
     /// Fragmentation in one region: requested bytes vs. full and partial slabs (paper 002, Fig. 4a-c)
     #[command(
         long_about = "The fragmentation runs of paper 002 (Myrmics), §6.2 and Fig. 4a-c, on Canopy's region \
@@ -435,6 +455,26 @@ struct WorkloadArgs {
 }
 
 #[derive(Debug, Args)]
+struct InProcessArgs {
+    #[command(flatten)]
+    size: SizeArgs,
+    #[command(flatten)]
+    contenders: ContenderArgs,
+    /// Processes per loop; the median is reported [default: 1 quick, 3 otherwise]
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Bursts per allocator in each process [default: 5 quick, 21 default, 41 paper]
+    #[arg(long)]
+    bursts: Option<usize>,
+    /// Loops to run, comma-separated [default: all]
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    only: Option<Vec<String>>,
+    /// Work per burst: 250 000 steps (larson: 5 rounds) per unit [default: quick 1, default 2, paper 4]
+    #[arg(long)]
+    scale: Option<usize>,
+}
+
+#[derive(Debug, Args)]
 struct RegionFragArgs {
     #[command(flatten)]
     size: SizeArgs,
@@ -608,6 +648,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     }
                     workloads::run(&c, &opts)?
                 }
+                Experiment::InProcess(a) => {
+                    let c = common(&cli, a.size.size(), a.runs, &a.contenders)?;
+                    let mut opts = in_process::InProcessOptions {
+                        bursts: a.bursts,
+                        scale: a.scale,
+                        ..Default::default()
+                    };
+                    if let Some(o) = &a.only {
+                        opts.only = o.clone();
+                    }
+                    in_process::run(&c, &opts)?
+                }
                 Experiment::RegionFrag(a) => {
                     let opts = region_frag::FragOptions {
                         steps: a.steps,
@@ -764,7 +816,7 @@ fn tour(cli: &Cli, a: &TourArgs) -> Result<ExitCode> {
         results_dir: dir.clone(),
         timeout: Duration::from_secs(cli.timeout.max(1)),
     };
-    let steps: [(&str, Step); 11] = [
+    let steps: [(&str, Step); 12] = [
         (
             "sac",
             Box::new(|| {
@@ -792,6 +844,10 @@ fn tour(cli: &Cli, a: &TourArgs) -> Result<ExitCode> {
         (
             "workloads",
             Box::new(|| workloads::run(&c, &workloads::WorkloadOptions::default())),
+        ),
+        (
+            "in-process",
+            Box::new(|| in_process::run(&c, &in_process::InProcessOptions::default())),
         ),
         (
             "region-frag",

@@ -23,6 +23,7 @@ fn help_explains_the_experiments_and_the_paper() {
     for needle in [
         "sac-callgrind",
         "workloads",
+        "in-process",
         "Grelck & Scholz",
         "SAC private heap manager",
         "--quick",
@@ -106,6 +107,32 @@ fn workloads_on_glibc() {
     );
     let md = std::fs::read_to_string(dir.join("workloads.md")).unwrap();
     assert!(md.contains("larson") && md.contains("geomean"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn in_process_on_glibc_writes_its_tables() {
+    let dir = scratch("in-process");
+    let out = canopy()
+        .args(["--no-install", "--results-dir"])
+        .arg(&dir)
+        .args(["bench", "in-process", "--quick", "--only", "same,larson", "--bursts", "2", "--contenders", "glibc"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    let md = std::fs::read_to_string(dir.join("in-process.md")).unwrap();
+    assert!(md.contains("| same") && md.contains("| larson") && md.contains("geomean"), "{md}");
+    assert!(!md.contains("Failures"), "{md}");
+    let json = std::fs::read_to_string(dir.join("in-process.json")).unwrap();
+    assert!(json.contains("\"median_ns\""), "the raw per-library fields are kept");
+    let out = canopy()
+        .args(["--no-install", "--results-dir"])
+        .arg(&dir)
+        .args(["bench", "in-process", "--quick", "--only", "nope", "--contenders", "glibc"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown loop \"nope\""));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -9,6 +9,7 @@
 //! | [`sac`] | the with-loop microbenchmark, X = 1000/250/100/25, 1..n threads | 000 Figs. 1, 5, 6 |
 //! | [`sac_callgrind`] | instructions per malloc+free pair in the same kernel | 000 |
 //! | [`workloads`] | Larson, producer/consumer, false sharing, size walk, thread churn, mixed sizes, phases | — |
+//! | [`in_process`] | the same allocators loaded into one process, small-block loops and Larson in alternating bursts | — |
 //! | [`region_frag`] | random allocate/free in one region: requested bytes vs. full and partial slabs | 002 §6.2, Fig. 4a-c |
 //! | [`region_speed`] | allocate/free in a region and free a whole region, vs. malloc, bumpalo, typed-arena, slab | 002 §4.3 |
 //! | [`region_pack`] | packing a 30,000-node list and a per-level-region oct-tree into runs | 002 §4.3, §6.3 |
@@ -23,6 +24,7 @@ use crate::report::{RunRecord, Size, Written};
 use crate::runner::{self, Invocation};
 
 pub mod hh_suite;
+pub mod in_process;
 pub mod region;
 pub mod region_frag;
 pub mod region_pack;

@@ -1,0 +1,277 @@
+/*
+ * inprocess.c: allocators compared inside one process, in alternating bursts.
+ *
+ * Separate processes on a shared virtual machine measure the machine as much
+ * as the allocator: the same program on the same library can take 35 ms in
+ * one run and 90 ms in the next, mostly in how long the hypervisor takes to
+ * wake a thread that waits at a barrier.  Here every allocator is loaded into
+ * one process (dlopen, RTLD_LOCAL: each library's malloc and free are called
+ * through their own addresses, and no library replaces the process's own
+ * allocator), and the loop runs in short bursts on each in turn, the order
+ * turned by one every burst.  A slow minute then falls on every allocator
+ * alike, and the median burst of each is steady to a few per cent.
+ *
+ * Usage: inprocess LOOP BURSTS SCALE LIB...
+ *   LIB      `glibc` (the C library's own malloc) or the path of a shared
+ *            library exporting malloc and free.  A library with initial-exec
+ *            TLS (jemalloc) needs room in the static TLS block: run with
+ *            GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536.
+ *   LOOP     one of
+ *     same     free a 64-byte block and allocate one again, one block live:
+ *              the fast paths back to back, each allocation reusing the block
+ *              the free before it gave back.
+ *     four     four live 64-byte blocks; each step frees one at random and
+ *              allocates its replacement.
+ *     random   as four, sizes 16..256 bytes at random (the small half of the
+ *              `mixed` workload).
+ *     larson   two threads, each with a table of 1000 blocks of 16..1024
+ *              bytes; in each round a thread works on the other's table, so
+ *              half of the frees are of blocks another thread allocated (the
+ *              Larson server simulation of `workloads`).  Each thread times
+ *              only its own work between the barriers that start and end a
+ *              round; the burst's time is the sum over the threads.
+ *   BURSTS   bursts per library.
+ *   SCALE    work per burst: 250 000 steps per unit (larson: 5 rounds of
+ *            5000 operations per thread per unit).
+ *
+ * Output: one line per library,
+ *   lib=I name=LIB loop=LOOP bursts=B ops=O median_ns=M min_ns=N q1_ns=Q q3_ns=R checksum=C
+ * where M, N, Q and R are nanoseconds per operation (one free and one
+ * allocation) over the bursts.  Each burst starts from the same random
+ * seed, so every library does the same work and prints the same checksum;
+ * a block handed out twice shows up as a different one.  Then a last line
+ * `checksum=C libs=K` for the harness.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef void *(*malloc_fn)(size_t);
+typedef void (*free_fn)(void *);
+
+enum { MAX_LIBS = 8, MAX_BURSTS = 1000, THREADS = 2, SLOTS = 1000 };
+
+static int g_libs;
+static malloc_fn g_malloc[MAX_LIBS];
+static free_fn g_free[MAX_LIBS];
+static double g_ns[MAX_LIBS][MAX_BURSTS];
+static uint64_t g_sum[MAX_LIBS];
+
+static void die(const char *what, const char *detail) {
+    fprintf(stderr, "inprocess: %s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
+    exit(2);
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static inline uint64_t next(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* A number below n without a division (which would cost more than a free). */
+static inline uint64_t below(uint64_t *x, uint64_t n) {
+    return ((next(x) >> 32) * n) >> 32;
+}
+
+static void *xmalloc(int lib, size_t n) {
+    void *p = g_malloc[lib](n);
+    if (p == NULL) die("out of memory", NULL);
+    return p;
+}
+
+/* A block carries its step number in its first word and its size in its
+ * last byte; the free reads both back into the checksum. */
+static inline void *new_block(int lib, size_t n, uint64_t v) {
+    unsigned char *p = xmalloc(lib, n);
+    memcpy(p, &v, sizeof v);
+    p[n - 1] = (unsigned char)n;
+    return p;
+}
+
+static inline uint64_t free_block(int lib, void *b, size_t n) {
+    unsigned char *p = b;
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    uint64_t c = v + p[n - 1];
+    g_free[lib](p);
+    return c;
+}
+
+/* ---- single-threaded loops ---------------------------------------------- */
+
+static uint64_t loop_same(int lib, long steps) {
+    uint64_t sum = 0;
+    void *p = new_block(lib, 64, 0);
+    for (long i = 1; i <= steps; i++) {
+        sum += free_block(lib, p, 64);
+        p = new_block(lib, 64, (uint64_t)i);
+    }
+    return sum + free_block(lib, p, 64);
+}
+
+static uint64_t loop_live(int lib, long steps, int random_sizes) {
+    uint64_t x = 0x5eed5eedULL, sum = 0;
+    void *live[4] = {0};
+    size_t size[4] = {0};
+    for (long i = 0; i < steps; i++) {
+        uint64_t s = below(&x, 4);
+        if (live[s] != NULL) sum += free_block(lib, live[s], size[s]);
+        size[s] = random_sizes ? 16 + below(&x, 241) : 64;
+        live[s] = new_block(lib, size[s], (uint64_t)i);
+    }
+    for (int s = 0; s < 4; s++)
+        if (live[s] != NULL) sum += free_block(lib, live[s], size[s]);
+    return sum;
+}
+
+/* ---- larson ------------------------------------------------------------- */
+
+static pthread_barrier_t g_barrier;
+static long g_rounds, g_ops, g_bursts;
+static void **g_tables[MAX_LIBS][THREADS];
+static unsigned short *g_sizes[MAX_LIBS][THREADS];
+static double g_work[THREADS][MAX_LIBS][MAX_BURSTS];
+static uint64_t g_tsum[THREADS][MAX_LIBS];
+
+static void *larson_thread(void *arg) {
+    long t = (long)arg;
+    for (int lib = 0; lib < g_libs; lib++) {
+        uint64_t x = 0x1a450000ULL + (uint64_t)t * 7919;
+        g_tables[lib][t] = xmalloc(lib, sizeof(void *) * SLOTS);
+        g_sizes[lib][t] = xmalloc(lib, sizeof(unsigned short) * SLOTS);
+        for (int s = 0; s < SLOTS; s++) {
+            size_t n = 16 + below(&x, 1009);
+            g_sizes[lib][t][s] = (unsigned short)n;
+            g_tables[lib][t][s] = new_block(lib, n, next(&x));
+        }
+    }
+    for (long b = 0; b < g_bursts; b++) {
+        for (int k = 0; k < g_libs; k++) {
+            int lib = (int)((k + b) % g_libs);
+            /* The same seed for every library: the same work. */
+            uint64_t x = 0x7000ULL + (uint64_t)b * 31 + (uint64_t)t;
+            uint64_t sum = 0;
+            double work = 0;
+            pthread_barrier_wait(&g_barrier);
+            for (long r = 0; r < g_rounds; r++) {
+                long owner = (t + r + 1) % THREADS;
+                void **table = g_tables[lib][owner];
+                unsigned short *sizes = g_sizes[lib][owner];
+                double a = now();
+                for (long o = 0; o < g_ops; o++) {
+                    uint64_t s = below(&x, SLOTS);
+                    sum += free_block(lib, table[s], sizes[s]);
+                    size_t n = 16 + below(&x, 1009);
+                    sizes[s] = (unsigned short)n;
+                    table[s] = new_block(lib, n, (uint64_t)o);
+                }
+                work += now() - a;
+                /* The next round works on another table: wait until every
+                 * thread is done with this one. */
+                pthread_barrier_wait(&g_barrier);
+            }
+            g_work[t][lib][b] = work;
+            g_tsum[t][lib] += sum;
+        }
+    }
+    return NULL;
+}
+
+static void larson(long scale) {
+    g_rounds = 5 * scale;
+    g_ops = 5000;
+    if (pthread_barrier_init(&g_barrier, NULL, THREADS) != 0) die("pthread_barrier_init failed", NULL);
+    pthread_t th[THREADS];
+    for (long t = 0; t < THREADS; t++)
+        if (pthread_create(&th[t], NULL, larson_thread, (void *)t) != 0) die("pthread_create failed", NULL);
+    for (int t = 0; t < THREADS; t++) pthread_join(th[t], NULL);
+    double ops = (double)THREADS * (double)g_rounds * (double)g_ops;
+    for (int lib = 0; lib < g_libs; lib++) {
+        for (long b = 0; b < g_bursts; b++) {
+            double w = 0;
+            for (int t = 0; t < THREADS; t++) w += g_work[t][lib][b];
+            g_ns[lib][b] = w * 1e9 / ops;
+        }
+        for (int t = 0; t < THREADS; t++) {
+            g_sum[lib] += g_tsum[t][lib];
+            /* The tables outlive the bursts: free them on their library. */
+            for (int s = 0; s < SLOTS; s++) g_sum[lib] += free_block(lib, g_tables[lib][t][s], g_sizes[lib][t][s]);
+            g_free[lib](g_tables[lib][t]);
+            g_free[lib](g_sizes[lib][t]);
+        }
+    }
+}
+
+/* ---- driver ------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+    double d = *(const double *)a - *(const double *)b;
+    return d < 0 ? -1 : d > 0;
+}
+
+static void load(int i, const char *name) {
+    void *h;
+    if (strcmp(name, "glibc") == 0) {
+        h = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    } else {
+        h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (h == NULL) die("cannot load", dlerror());
+    g_malloc[i] = (malloc_fn)dlsym(h, "malloc");
+    g_free[i] = (free_fn)dlsym(h, "free");
+    if (g_malloc[i] == NULL || g_free[i] == NULL) die("no malloc or free in", name);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 5) {
+        fprintf(stderr, "usage: inprocess same|four|random|larson BURSTS SCALE LIB...\n");
+        return 2;
+    }
+    const char *loop = argv[1];
+    long bursts = atol(argv[2]), scale = atol(argv[3]);
+    if (bursts < 1 || bursts > MAX_BURSTS) die("BURSTS must be 1..1000", argv[2]);
+    if (scale < 1 || scale > 1000) die("SCALE must be 1..1000", argv[3]);
+    g_libs = argc - 4;
+    if (g_libs > MAX_LIBS) die("too many libraries (at most 8)", NULL);
+    for (int i = 0; i < g_libs; i++) load(i, argv[4 + i]);
+    g_bursts = bursts;
+
+    long steps = 250000L * scale;
+    double ops = (double)steps;
+    if (strcmp(loop, "larson") == 0) {
+        larson(scale);
+        ops = (double)THREADS * (double)g_rounds * (double)g_ops;
+    } else {
+        int which = strcmp(loop, "same") == 0 ? 0 : strcmp(loop, "four") == 0 ? 1 : strcmp(loop, "random") == 0 ? 2 : -1;
+        if (which < 0) die("unknown loop (expected same, four, random or larson)", loop);
+        for (long b = 0; b < bursts; b++) {
+            for (int k = 0; k < g_libs; k++) {
+                int lib = (int)((k + b) % g_libs);
+                double a = now();
+                uint64_t s = which == 0 ? loop_same(lib, steps) : loop_live(lib, steps, which == 2);
+                g_ns[lib][b] = (now() - a) * 1e9 / ops;
+                g_sum[lib] += s;
+            }
+        }
+    }
+    for (int lib = 0; lib < g_libs; lib++) {
+        qsort(g_ns[lib], (size_t)bursts, sizeof(double), cmp_double);
+        printf("lib=%d name=%s loop=%s bursts=%ld ops=%.0f median_ns=%.3f min_ns=%.3f q1_ns=%.3f q3_ns=%.3f checksum=%llu\n",
+               lib, argv[4 + lib], loop, bursts, ops, g_ns[lib][bursts / 2], g_ns[lib][0], g_ns[lib][bursts / 4],
+               g_ns[lib][(3 * bursts) / 4], (unsigned long long)g_sum[lib]);
+    }
+    printf("checksum=%llu libs=%d\n", (unsigned long long)g_sum[0], g_libs);
+    return 0;
+}

@@ -1,0 +1,404 @@
+//! `in-process`: the allocators side by side inside one process
+//! (`c/inprocess.c`), in alternating bursts.
+//!
+//! The other experiments run one process per allocator and take medians of
+//! interleaved runs.  On a shared virtual machine that still leaves a run's
+//! time at the mercy of the minute it ran in: Larson's 160 barrier-separated
+//! rounds took 35 ms in one run and 90 ms in the next on the same library,
+//! mostly waiting for the hypervisor to wake a thread.  Here one process
+//! loads every allocator (`dlopen`, each called through its own `malloc` and
+//! `free`), runs a loop in short bursts on each in turn, the order turned by
+//! one every burst, and times only the loop's work (in `larson`, each
+//! thread's own work between barriers).  A slow minute falls on all of them
+//! alike.
+//!
+//! Loops: `same` (one 64-byte block freed and allocated again), `four` (four
+//! live 64-byte blocks, one replaced at random each step), `random` (the
+//! same with sizes 16..256: the small half of the `mixed` workload) and
+//! `larson` (two threads, tables of 1000 blocks of 16..1024 bytes, each
+//! round on the other thread's table).  Reported: nanoseconds per operation
+//! (one free and one allocation), median over the bursts, then median over
+//! the processes; ratios to the best anchor and to mimalloc.
+//!
+//! jemalloc uses initial-exec TLS, which a library loaded by `dlopen` can
+//! have only from the static TLS block's spare room; the child runs with
+//! `GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536` to make room.
+
+use anyhow::Result;
+use serde_json::json;
+
+use super::{
+    contenders_markdown, failures_markdown, failures_of, machine_markdown, Common, Finished,
+};
+use crate::anchors::Contender;
+use crate::artifacts::CProgram;
+use crate::parse::ResultLine;
+use crate::plot::{BarChart, Group, Panel};
+use crate::report::{self, fmt_ratio, Machine, Report, RunRecord, Size, Table};
+use crate::runner::{self, Invocation};
+
+use super::workloads::{summarize, Geomean, WorkloadRow, WorkloadSummary};
+
+/// A loop of `c/inprocess.c`.
+#[derive(Debug, Clone, Copy)]
+pub struct Loop {
+    /// Name (the program's first argument).
+    pub name: &'static str,
+    /// What it does.
+    pub about: &'static str,
+}
+
+/// All loops, in report order.
+pub const LOOPS: &[Loop] = &[
+    Loop { name: "same", about: "free a 64-byte block and allocate one again (one block live)" },
+    Loop { name: "four", about: "four live 64-byte blocks, one freed at random and replaced each step" },
+    Loop { name: "random", about: "four live blocks of 16..256 bytes at random (the small half of `mixed`)" },
+    Loop { name: "larson", about: "two threads, tables of 1000 blocks of 16..1024 B, each round on the other thread's table; each thread's work timed between barriers" },
+];
+
+/// The glibc tunable that gives `dlopen`ed libraries with initial-exec TLS
+/// room in the static TLS block (jemalloc needs it).
+pub const STATIC_TLS_TUNABLE: &str = "glibc.rtld.optional_static_tls=65536";
+
+/// Options of the `in-process` experiment.
+#[derive(Debug, Clone)]
+pub struct InProcessOptions {
+    /// Loop names (a subset of [`LOOPS`]).
+    pub only: Vec<String>,
+    /// Bursts per library per process (`None`: the size's default).
+    pub bursts: Option<usize>,
+    /// Work per burst (`None`: the size's default).
+    pub scale: Option<usize>,
+}
+
+impl Default for InProcessOptions {
+    fn default() -> Self {
+        InProcessOptions { only: LOOPS.iter().map(|l| l.name.to_string()).collect(), bursts: None, scale: None }
+    }
+}
+
+/// Processes per loop by default: 1 quick, 3 otherwise.
+pub fn default_runs(size: Size) -> usize {
+    match size {
+        Size::Quick => 1,
+        _ => 3,
+    }
+}
+
+/// Bursts per library for a size.
+pub fn bursts(size: Size) -> usize {
+    match size {
+        Size::Quick => 5,
+        Size::Default => 21,
+        Size::Paper => 41,
+    }
+}
+
+/// Work per burst for a size (250 000 steps, or 5 Larson rounds of 5000
+/// operations per thread, per unit).
+pub fn scale(size: Size) -> usize {
+    match size {
+        Size::Quick => 1,
+        Size::Default => 2,
+        Size::Paper => 4,
+    }
+}
+
+/// The program's argument naming `c`'s library: its path, or `glibc`.
+pub fn lib_arg_of(c: &Contender) -> String {
+    match &c.preload {
+        Some(p) => p.display().to_string(),
+        None => "glibc".into(),
+    }
+}
+
+/// The `GLIBC_TUNABLES` value for the child: `base` (the caller's own, if
+/// any) with [`STATIC_TLS_TUNABLE`] added.
+pub fn tunables(base: Option<&str>) -> String {
+    match base {
+        Some(b) if !b.is_empty() => format!("{b}:{STATIC_TLS_TUNABLE}"),
+        _ => STATIC_TLS_TUNABLE.to_string(),
+    }
+}
+
+/// Turn one process's output into one record per contender.  Every
+/// contender must print the same checksum (the loops do the same work on
+/// each); a contender whose line is missing or disagrees gets a failed
+/// record that says so.
+pub fn records_of(
+    lp: &str,
+    rep: usize,
+    contenders: &[Contender],
+    inv: &Invocation,
+    out: Result<&runner::Outcome, String>,
+) -> Vec<RunRecord> {
+    let mut recs: Vec<RunRecord> = Vec::new();
+    let base = |c: &Contender| RunRecord {
+        config: lp.into(),
+        variant: c.name.clone(),
+        contender: c.name.clone(),
+        rep,
+        ok: false,
+        seconds: None,
+        checksum: None,
+        max_rss_kib: None,
+        ru_maxrss_kib: None,
+        wall_seconds: 0.0,
+        instructions: None,
+        fields: Default::default(),
+        exit: None,
+        command: inv.display(),
+        error: None,
+    };
+    let out = match out {
+        Ok(o) if o.success() => o,
+        Ok(o) => {
+            let msg = format!("in-process {lp}: `{}` failed: {}; stderr:\n{}", inv.display(), o.exit, o.stderr_tail(5));
+            return contenders.iter().map(|c| RunRecord { error: Some(msg.clone()), exit: Some(o.exit.clone()), ..base(c) }).collect();
+        }
+        Err(e) => {
+            let msg = format!("in-process {lp}: could not run `{}`: {e}", inv.display());
+            return contenders.iter().map(|c| RunRecord { error: Some(msg.clone()), ..base(c) }).collect();
+        }
+    };
+    let lines: Vec<ResultLine> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("lib="))
+        .filter_map(|l| ResultLine::parse(l).ok())
+        .collect();
+    for (i, c) in contenders.iter().enumerate() {
+        let mut r = base(c);
+        r.wall_seconds = out.wall_seconds;
+        let Some(line) = lines.iter().find(|l| l.fields.get("lib").and_then(|v| v.parse::<usize>().ok()) == Some(i)) else {
+            r.error = Some(format!("in-process {lp}: no result line for {} (lib={i}) in the output of `{}`", c.name, inv.display()));
+            recs.push(r);
+            continue;
+        };
+        r.fields = line.fields.clone();
+        r.checksum = line.fields.get("checksum").and_then(|v| v.parse().ok());
+        r.seconds = line.fields.get("median_ns").and_then(|v| v.parse::<f64>().ok()).map(|ns| ns * 1e-9);
+        r.ok = r.seconds.is_some() && r.checksum.is_some();
+        if !r.ok {
+            r.error = Some(format!("in-process {lp}: malformed result line for {}: {:?}", c.name, line.fields));
+        }
+        recs.push(r);
+    }
+    // The first contender's checksum is the reference (glibc's, when it runs).
+    if let Some(expected) = recs.iter().find(|r| r.ok).and_then(|r| r.checksum) {
+        for r in &mut recs {
+            r.check_checksum(expected);
+        }
+    }
+    recs
+}
+
+/// Run the experiment.
+pub fn run(common: &Common, opts: &InProcessOptions) -> Result<Finished> {
+    for l in &opts.only {
+        anyhow::ensure!(
+            LOOPS.iter().any(|k| k.name == l),
+            "unknown loop {l:?} (known: {})",
+            LOOPS.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+        );
+    }
+    let selected: Vec<&Loop> = LOOPS.iter().filter(|l| opts.only.iter().any(|o| o == l.name)).collect();
+    let contenders = &common.contenders.list;
+    anyhow::ensure!(!contenders.is_empty(), "no contenders to compare");
+    anyhow::ensure!(contenders.len() <= 8, "at most 8 contenders fit in one process");
+    let machine = Machine::describe();
+    let nb = opts.bursts.unwrap_or_else(|| bursts(common.size)).clamp(1, 1000);
+    let sc = opts.scale.unwrap_or_else(|| scale(common.size)).clamp(1, 1000);
+    let reps = common.runs.unwrap_or_else(|| default_runs(common.size)).max(1);
+    let prog = CProgram::InProcess.compile()?;
+    let tun = tunables(std::env::var("GLIBC_TUNABLES").ok().as_deref());
+
+    let pb = crate::progress::bar((selected.len() * reps) as u64, "in-process");
+    let mut runs = Vec::new();
+    for l in &selected {
+        for rep in 0..reps {
+            pb.set_message(format!("{} ({}/{reps})", l.name, rep + 1));
+            let mut args = vec![l.name.to_string(), nb.to_string(), sc.to_string()];
+            args.extend(contenders.iter().map(lib_arg_of));
+            let glibc = Contender::glibc();
+            let mut inv = Invocation::new(prog.clone(), args, &glibc, common.timeout);
+            inv.env.push(("GLIBC_TUNABLES".into(), tun.clone()));
+            let out = runner::run(&inv);
+            let recs = records_of(l.name, rep, contenders, &inv, out.as_ref().map_err(|e| format!("{e:#}")));
+            for r in recs.iter().filter(|r| !r.ok) {
+                if let Some(e) = &r.error {
+                    pb.suspend(|| eprintln!("error: {e}"));
+                }
+            }
+            runs.extend(recs);
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+
+    let names: Vec<&str> = selected.iter().map(|l| l.name).collect();
+    let cs: Vec<(String, bool)> = contenders.iter().map(|c| (c.name.clone(), c.is_anchor())).collect();
+    let (rows, best, geomeans) = summarize(&runs, &names, &cs);
+    let failures = failures_of(&runs);
+
+    let mut markdown = format!(
+        "# Allocators side by side in one process\n\n\
+         `c/inprocess.c`: every allocator loaded into one process with `dlopen`; each loop runs {nb} bursts on each, \
+         the order turned by one every burst, timing only the loop's own work (in `larson`, each thread's work between \
+         the barriers that start and end a round, summed over the threads). Nanoseconds per operation (one free and one \
+         allocation): the median burst, then the median of {reps} such process(es). Scale {sc} (size `{}`). \
+         \"Best anchor\" is the fastest allocator other than Canopy in that loop.\n\n",
+        common.size.name()
+    );
+    markdown.push_str(&machine_markdown(&machine));
+    markdown.push('\n');
+    markdown.push_str(&contenders_markdown(&common.contenders));
+    markdown.push_str("\nLoops:\n\n");
+    for l in &selected {
+        markdown.push_str(&format!("- `{}`: {}\n", l.name, l.about));
+    }
+    markdown.push_str(&tables(&rows, &geomeans, &best, &names, &cs));
+    markdown.push_str(&failures_markdown(&failures));
+
+    let series: Vec<String> = cs.iter().map(|c| c.0.clone()).collect();
+    let panel = Panel {
+        title: "time per operation".into(),
+        groups: names
+            .iter()
+            .map(|l| Group {
+                label: l.to_string(),
+                values: series
+                    .iter()
+                    .map(|c| rows.iter().find(|r| &r.workload == l && &r.contender == c).and_then(|r| r.time_vs_best_anchor))
+                    .collect(),
+            })
+            .chain(std::iter::once(Group {
+                label: "geomean".into(),
+                values: series.iter().map(|c| geomeans.iter().find(|g| &g.contender == c).and_then(|g| g.time_vs_best_anchor)).collect(),
+            }))
+            .collect(),
+    };
+    let chart = BarChart {
+        title: "Allocators in one process, alternating bursts: time relative to the best anchor (lower is better)".into(),
+        y_label: "ratio to best anchor".into(),
+        series,
+        panels: vec![panel],
+        reference: Some(1.0),
+    };
+    let svg = crate::plot::render(&chart).map_err(|e| eprintln!("warning: {e:#}")).ok();
+
+    let report = Report {
+        experiment: "in-process".into(),
+        title: "Allocators side by side in one process, alternating bursts".into(),
+        paper: "Larson and small-block loops; a steadier measure on shared machines".into(),
+        size: common.size,
+        params: json!({ "bursts": nb, "scale": sc, "runs": reps, "loops": names, "glibc_tunables": tun }),
+        machine,
+        contenders: contenders.clone(),
+        skipped: common.contenders.skipped.clone(),
+        summary: WorkloadSummary { threads: 2, scale: sc, runs: reps, rows, best_anchors: best, geomeans },
+        runs,
+        failures: failures.clone(),
+    };
+    let written = report::write_all(&common.results_dir, &report, &markdown, svg.as_deref())?;
+    Ok(Finished { name: "in-process".into(), markdown, written, failures })
+}
+
+fn tables(
+    rows: &[WorkloadRow],
+    geo: &[Geomean],
+    best: &[super::workloads::BestAnchor],
+    names: &[&str],
+    cs: &[(String, bool)],
+) -> String {
+    let header = || std::iter::once("loop".to_string()).chain(cs.iter().map(|c| c.0.clone()));
+    let cell = |l: &str, c: &str| rows.iter().find(|r| r.workload == l && r.contender == c);
+    let mut s = String::new();
+    let mut t = Table::new(header().chain(std::iter::once("best anchor".to_string())));
+    for (i, l) in names.iter().enumerate() {
+        t.row(
+            std::iter::once(l.to_string())
+                .chain(cs.iter().map(|(c, _)| {
+                    cell(l, c).and_then(|r| r.median_seconds).map_or_else(|| "–".into(), |v| format!("{:.2} ns", v * 1e9))
+                }))
+                .chain(std::iter::once(best[i].fastest.clone().unwrap_or_else(|| "–".into()))),
+        );
+    }
+    s.push_str(&format!("\n## Median time per operation\n\n{}", t.render()));
+    let ratios = |title: &str, f: fn(&WorkloadRow) -> Option<f64>, g: fn(&Geomean) -> Option<f64>| {
+        let mut t = Table::new(header());
+        for l in names {
+            t.row(std::iter::once(l.to_string()).chain(cs.iter().map(|(c, _)| fmt_ratio(cell(l, c).and_then(f)))));
+        }
+        t.row(
+            std::iter::once("**geomean**".to_string())
+                .chain(cs.iter().map(|(c, _)| fmt_ratio(geo.iter().find(|x| &x.contender == c).and_then(g)))),
+        );
+        format!("\n## {title}\n\n{}", t.render())
+    };
+    s.push_str(&ratios("Time relative to the best anchor (lower is better)", |r| r.time_vs_best_anchor, |g| g.time_vs_best_anchor));
+    s.push_str(&ratios("Time relative to mimalloc", |r| r.time_vs_mimalloc, |g| g.time_vs_mimalloc));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runner::{Exit, Outcome};
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    fn contenders() -> Vec<Contender> {
+        vec![
+            Contender::glibc(),
+            Contender { name: "canopy".into(), preload: Some(PathBuf::from("/x/libcanopy_malloc.so")), version: None },
+        ]
+    }
+
+    fn outcome(stdout: &str, code: i32) -> Outcome {
+        Outcome {
+            exit: Exit::Code { code },
+            stdout: stdout.into(),
+            stderr: "oops\n".into(),
+            max_rss_kib: 0,
+            wall_seconds: 1.0,
+            user_seconds: 0.0,
+            sys_seconds: 0.0,
+        }
+    }
+
+    fn inv() -> Invocation {
+        Invocation::new(PathBuf::from("/bin/inprocess"), vec![], &Contender::glibc(), Duration::from_secs(1))
+    }
+
+    #[test]
+    fn each_library_line_becomes_a_record_and_checksums_must_agree() {
+        let cs = contenders();
+        assert_eq!(lib_arg_of(&cs[0]), "glibc");
+        assert_eq!(lib_arg_of(&cs[1]), "/x/libcanopy_malloc.so");
+        let good = "lib=0 name=glibc loop=same median_ns=10.5 checksum=7\nlib=1 name=x loop=same median_ns=5.25 checksum=7\nchecksum=7 libs=2\n";
+        let recs = records_of("same", 0, &cs, &inv(), Ok(&outcome(good, 0)));
+        assert_eq!(recs.len(), 2);
+        assert!(recs.iter().all(|r| r.ok));
+        assert!((recs[1].seconds.unwrap() - 5.25e-9).abs() < 1e-18);
+        assert_eq!(recs[1].contender, "canopy");
+        let bad = "lib=0 name=glibc loop=same median_ns=10.5 checksum=7\nlib=1 name=x loop=same median_ns=5.25 checksum=8\n";
+        let recs = records_of("same", 0, &cs, &inv(), Ok(&outcome(bad, 0)));
+        assert!(recs[0].ok && !recs[1].ok, "a checksum that differs from the reference fails that contender");
+        let missing = "lib=0 name=glibc loop=same median_ns=10.5 checksum=7\n";
+        let recs = records_of("same", 0, &cs, &inv(), Ok(&outcome(missing, 0)));
+        assert!(!recs[1].ok);
+        assert!(recs[1].error.as_deref().unwrap().contains("no result line for canopy"));
+        let failed = records_of("same", 0, &cs, &inv(), Ok(&outcome(good, 2)));
+        assert!(failed.iter().all(|r| !r.ok && r.error.as_deref().unwrap().contains("oops")));
+        let unrun = records_of("same", 0, &cs, &inv(), Err("no such file".into()));
+        assert!(unrun.iter().all(|r| !r.ok && r.error.as_deref().unwrap().contains("no such file")));
+    }
+
+    #[test]
+    fn the_tunable_is_added_to_the_callers_own() {
+        assert_eq!(tunables(None), STATIC_TLS_TUNABLE);
+        assert_eq!(tunables(Some("")), STATIC_TLS_TUNABLE);
+        assert_eq!(tunables(Some("glibc.malloc.arena_max=2")), format!("glibc.malloc.arena_max=2:{STATIC_TLS_TUNABLE}"));
+    }
+}
