@@ -286,15 +286,8 @@ impl RunRecord {
         rec
     }
 
-    /// A record for a program that could not even be started.
-    pub fn spawn_failure(
-        config: &str,
-        variant: &str,
-        contender: &Contender,
-        rep: usize,
-        inv: &Invocation,
-        err: &anyhow::Error,
-    ) -> Self {
+    /// A record of `inv` with nothing measured yet: not ok, no error.
+    pub fn unmeasured(config: &str, variant: &str, contender: &Contender, rep: usize, inv: &Invocation) -> Self {
         RunRecord {
             config: config.into(),
             variant: variant.into(),
@@ -310,11 +303,26 @@ impl RunRecord {
             fields: Default::default(),
             exit: None,
             command: inv.display(),
+            error: None,
+        }
+    }
+
+    /// A record for a program that could not even be started.
+    pub fn spawn_failure(
+        config: &str,
+        variant: &str,
+        contender: &Contender,
+        rep: usize,
+        inv: &Invocation,
+        err: &anyhow::Error,
+    ) -> Self {
+        RunRecord {
             error: Some(format!(
                 "{}: could not run `{}`: {err:#}",
                 who(variant, &contender.name),
                 inv.display()
             )),
+            ..RunRecord::unmeasured(config, variant, contender, rep, inv)
         }
     }
 

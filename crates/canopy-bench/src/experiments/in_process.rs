@@ -133,23 +133,7 @@ pub fn records_of(
     out: Result<&runner::Outcome, String>,
 ) -> Vec<RunRecord> {
     let mut recs: Vec<RunRecord> = Vec::new();
-    let base = |c: &Contender| RunRecord {
-        config: lp.into(),
-        variant: c.name.clone(),
-        contender: c.name.clone(),
-        rep,
-        ok: false,
-        seconds: None,
-        checksum: None,
-        max_rss_kib: None,
-        ru_maxrss_kib: None,
-        wall_seconds: 0.0,
-        instructions: None,
-        fields: Default::default(),
-        exit: None,
-        command: inv.display(),
-        error: None,
-    };
+    let base = |c: &Contender| RunRecord::unmeasured(lp, &c.name, c, rep, inv);
     let out = match out {
         Ok(o) if o.success() => o,
         Ok(o) => {
