@@ -406,7 +406,7 @@ impl CProgram {
         if up_to_date {
             return Ok(bin);
         }
-        let tmp = dir.join(format!(".{}-{}.tmp", self.name(), std::process::id()));
+        let tmp = dir.join(format!(".{}-{}.tmp", self.name(), unique_suffix()));
         let out = Command::new(&cc)
             .args(C_FLAGS)
             .arg("-o")
@@ -436,8 +436,19 @@ impl CProgram {
     }
 }
 
+/// A name part no other temporary file of this machine's processes has: the
+/// process id and a per-process count.  (The process id alone was not
+/// enough: tests running in parallel threads of one process compiled the
+/// same program at once, and one thread's rename took the other's
+/// half-written file.)
+fn unique_suffix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let tmp = path.with_extension(format!("tmp{}", unique_suffix()));
     fs::write(&tmp, bytes).with_context(|| format!("could not write {}", tmp.display()))?;
     fs::rename(&tmp, path).with_context(|| format!("could not write {}", path.display()))?;
     Ok(())
@@ -503,5 +514,27 @@ mod tests {
     fn sources_are_embedded() {
         assert!(CProgram::Sac.source().contains("checksum="));
         assert!(CProgram::Workloads.source().contains("workload="));
+        assert!(CProgram::InProcess.source().contains("median_ns="));
+    }
+
+    #[test]
+    fn threads_compiling_one_program_at_once_all_get_a_working_binary() {
+        // Tests run in threads of one process and compile the same programs;
+        // each must get the whole binary, not another thread's half-written one.
+        let dir = std::env::temp_dir().join(format!("canopy-compile-race-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let bins: Vec<PathBuf> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4).map(|_| s.spawn(|| CProgram::InProcess.compile_into(&dir).unwrap())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for b in &bins {
+            assert_eq!(b, &bins[0]);
+            let out = Command::new(b).output().unwrap();
+            assert_eq!(out.status.code(), Some(2), "the binary runs and prints its usage");
+            assert!(String::from_utf8_lossy(&out.stderr).contains("usage: inprocess"));
+        }
+        let leftovers: Vec<_> = fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().contains("tmp")).collect();
+        assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+        let _ = fs::remove_dir_all(&dir);
     }
 }
