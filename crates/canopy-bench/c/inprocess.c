@@ -24,6 +24,11 @@
  *              allocates its replacement.
  *     random   as four, sizes 16..256 bytes at random (the small half of the
  *              `mixed` workload).
+ *     prodcons two threads: one allocates blocks of 16..4096 bytes and passes
+ *              them through a bounded queue (1024 slots, spinning waits) to
+ *              the other, which reads and frees them: every free is of a block
+ *              another thread allocated.  The burst is timed from the
+ *              barrier that starts it to the one that ends it.
  *     larson   two threads, each with a table of 1000 blocks of 16..1024
  *              bytes; in each round a thread works on the other's table, so
  *              half of the frees are of blocks another thread allocated (the
@@ -31,8 +36,8 @@
  *              only its own work between the barriers that start and end a
  *              round; the burst's time is the sum over the threads.
  *   BURSTS   bursts per library.
- *   SCALE    work per burst: 250 000 steps per unit (larson: 5 rounds of
- *            5000 operations per thread per unit).
+ *   SCALE    work per burst: 250 000 steps per unit (prodcons: 50 000 blocks
+ *            passed; larson: 5 rounds of 5000 operations per thread).
  *
  * Output: one line per library,
  *   lib=I name=LIB loop=LOOP bursts=B ops=O median_ns=M min_ns=N q1_ns=Q q3_ns=R checksum=C
@@ -45,6 +50,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,6 +220,78 @@ static void larson(long scale) {
     }
 }
 
+/* ---- prodcons ----------------------------------------------------------- */
+
+enum { QUEUE = 1024 };
+
+typedef struct {
+    void *p;
+    size_t n;
+} item_t;
+
+static item_t g_ring[QUEUE];
+/* Producer and consumer counters on separate lines. */
+static _Alignas(128) _Atomic uint64_t g_tail;
+static _Alignas(128) _Atomic uint64_t g_head;
+static long g_items;
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void *prodcons_thread(void *arg) {
+    long t = (long)arg;
+    for (long b = 0; b < g_bursts; b++) {
+        for (int k = 0; k < g_libs; k++) {
+            int lib = (int)((k + b) % g_libs);
+            pthread_barrier_wait(&g_barrier);
+            double a = now();
+            if (t == 0) {
+                uint64_t x = 0x9c00ULL + (uint64_t)b * 31;
+                for (long i = 0; i < g_items; i++) {
+                    size_t n = 16 + below(&x, 4081);
+                    void *p = new_block(lib, n, (uint64_t)i);
+                    uint64_t tail = atomic_load_explicit(&g_tail, memory_order_relaxed);
+                    /* Acquire: the consumer is done with the slot it freed. */
+                    while (tail - atomic_load_explicit(&g_head, memory_order_acquire) == QUEUE) relax();
+                    g_ring[tail % QUEUE] = (item_t){p, n};
+                    /* Release: publishes the slot to the consumer. */
+                    atomic_store_explicit(&g_tail, tail + 1, memory_order_release);
+                }
+            } else {
+                uint64_t sum = 0;
+                for (long i = 0; i < g_items; i++) {
+                    uint64_t head = atomic_load_explicit(&g_head, memory_order_relaxed);
+                    /* Acquire: pairs with the producer's release of the slot. */
+                    while (atomic_load_explicit(&g_tail, memory_order_acquire) == head) relax();
+                    item_t it = g_ring[head % QUEUE];
+                    atomic_store_explicit(&g_head, head + 1, memory_order_release);
+                    sum += free_block(lib, it.p, it.n);
+                }
+                g_tsum[1][lib] += sum;
+            }
+            pthread_barrier_wait(&g_barrier);
+            if (t == 0) g_work[0][lib][b] = now() - a;
+        }
+    }
+    return NULL;
+}
+
+static void prodcons(long scale) {
+    g_items = 50000L * scale;
+    if (pthread_barrier_init(&g_barrier, NULL, THREADS) != 0) die("pthread_barrier_init failed", NULL);
+    pthread_t th[THREADS];
+    for (long t = 0; t < THREADS; t++)
+        if (pthread_create(&th[t], NULL, prodcons_thread, (void *)t) != 0) die("pthread_create failed", NULL);
+    for (int t = 0; t < THREADS; t++) pthread_join(th[t], NULL);
+    for (int lib = 0; lib < g_libs; lib++) {
+        for (long b = 0; b < g_bursts; b++) g_ns[lib][b] = g_work[0][lib][b] * 1e9 / (double)g_items;
+        g_sum[lib] += g_tsum[1][lib];
+    }
+}
+
 /* ---- driver ------------------------------------------------------------- */
 
 static int cmp_double(const void *a, const void *b) {
@@ -236,7 +314,7 @@ static void load(int i, const char *name) {
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: inprocess same|four|random|larson BURSTS SCALE LIB...\n");
+        fprintf(stderr, "usage: inprocess same|four|random|prodcons|larson BURSTS SCALE LIB...\n");
         return 2;
     }
     const char *loop = argv[1];
@@ -253,9 +331,12 @@ int main(int argc, char **argv) {
     if (strcmp(loop, "larson") == 0) {
         larson(scale);
         ops = (double)THREADS * (double)g_rounds * (double)g_ops;
+    } else if (strcmp(loop, "prodcons") == 0) {
+        prodcons(scale);
+        ops = (double)g_items;
     } else {
         int which = strcmp(loop, "same") == 0 ? 0 : strcmp(loop, "four") == 0 ? 1 : strcmp(loop, "random") == 0 ? 2 : -1;
-        if (which < 0) die("unknown loop (expected same, four, random or larson)", loop);
+        if (which < 0) die("unknown loop (expected same, four, random, prodcons or larson)", loop);
         for (long b = 0; b < bursts; b++) {
             for (int k = 0; k < g_libs; k++) {
                 int lib = (int)((k + b) % g_libs);

@@ -14,8 +14,9 @@
 //!
 //! Loops: `same` (one 64-byte block freed and allocated again), `four` (four
 //! live 64-byte blocks, one replaced at random each step), `random` (the
-//! same with sizes 16..256: the small half of the `mixed` workload) and
-//! `larson` (two threads, tables of 1000 blocks of 16..1024 bytes, each
+//! same with sizes 16..256: the small half of the `mixed` workload),
+//! `prodcons` (one thread allocates 16..4096-byte blocks, the other frees
+//! them, through a bounded queue) and `larson` (two threads, tables of 1000 blocks of 16..1024 bytes, each
 //! round on the other thread's table).  Reported: nanoseconds per operation
 //! (one free and one allocation), median over the bursts, then median over
 //! the processes; ratios to the best anchor and to mimalloc.
@@ -53,6 +54,7 @@ pub const LOOPS: &[Loop] = &[
     Loop { name: "same", about: "free a 64-byte block and allocate one again (one block live)" },
     Loop { name: "four", about: "four live 64-byte blocks, one freed at random and replaced each step" },
     Loop { name: "random", about: "four live blocks of 16..256 bytes at random (the small half of `mixed`)" },
+    Loop { name: "prodcons", about: "one thread allocates blocks of 16..4096 B and passes them through a bounded queue to the other, which frees them; the burst is timed whole" },
     Loop { name: "larson", about: "two threads, tables of 1000 blocks of 16..1024 B, each round on the other thread's table; each thread's work timed between barriers" },
 ];
 
@@ -94,8 +96,8 @@ pub fn bursts(size: Size) -> usize {
     }
 }
 
-/// Work per burst for a size (250 000 steps, or 5 Larson rounds of 5000
-/// operations per thread, per unit).
+/// Work per burst for a size (per unit: 250 000 steps; `prodcons`: 50 000
+/// blocks; `larson`: 5 rounds of 5000 operations per thread).
 pub fn scale(size: Size) -> usize {
     match size {
         Size::Quick => 1,
