@@ -12,8 +12,9 @@
  * alike, and the median burst of each is steady to a few per cent.
  *
  * Usage: inprocess LOOP BURSTS SCALE LIB...
- *   LIB      `glibc` (the C library's own malloc) or the path of a shared
- *            library exporting malloc and free.  A library with initial-exec
+ *   LIB      `glibc` (the C library's own malloc), `bound` (loops sac and
+ *            sac2 only, see there) or the path of a shared library exporting
+ *            malloc and free.  A library with initial-exec
  *            TLS (jemalloc) needs room in the static TLS block: run with
  *            GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536.
  *   LOOP     one of
@@ -29,6 +30,15 @@
  *              the other, which reads and frees them: every free is of a block
  *              another thread allocated.  The burst is timed from the
  *              barrier that starts it to the one that ends it.
+ *     sac      the SAC kernel of paper 000 at X = 25, one thread: each
+ *              element of a vector allocates a temporary of 25 ints (100
+ *              bytes), fills and sums it, frees it, and adds the sum into the
+ *              next vector.  Run it with the library `bound` too: a
+ *              "malloc" that returns the thread's one temporary and a "free"
+ *              that does nothing, the compute-only bound.
+ *     sac2     the same on two threads, each on half of the vector; each
+ *              thread's own work is timed between the barriers and the
+ *              burst's time is the sum over the threads.
  *     larson   two threads, each with a table of 1000 blocks of 16..1024
  *              bytes; in each round a thread works on the other's table, so
  *              half of the frees are of blocks another thread allocated (the
@@ -37,7 +47,8 @@
  *              round; the burst's time is the sum over the threads.
  *   BURSTS   bursts per library.
  *   SCALE    work per burst: 250 000 steps per unit (prodcons: 50 000 blocks
- *            passed; larson: 5 rounds of 5000 operations per thread).
+ *            passed; sac, sac2: 100 000 elements; larson: 5 rounds of 5000
+ *            operations per thread).
  *
  * Output: one line per library,
  *   lib=I name=LIB loop=LOOP bursts=B ops=O median_ns=M min_ns=N q1_ns=Q q3_ns=R checksum=C
@@ -292,6 +303,93 @@ static void prodcons(long scale) {
     }
 }
 
+/* ---- sac ---------------------------------------------------------------- */
+
+enum { SAC_X = 25 };
+
+/* The compute-only bound: one temporary per thread, never freed. */
+static __thread int g_own[SAC_X];
+static int g_is_bound[MAX_LIBS];
+static void *bound_malloc(size_t n) { return n <= sizeof g_own ? (void *)g_own : NULL; }
+static void bound_free(void *p) { (void)p; }
+
+static uint64_t *g_va, *g_vb;
+static long g_len;
+
+static inline void escape(void *p) {
+    __asm__ volatile("" : : "r"(p) : "memory");
+}
+
+/* Fill the temporary with idx + i and sum it; not inlined, so every library
+ * and the bound run the same code for it. */
+static __attribute__((noinline)) uint64_t fill_and_sum(int *t, long idx) {
+    for (long i = 0; i < SAC_X; i++) t[i] = (int)(idx + i);
+    escape(t);
+    uint64_t s = 0;
+    for (long i = 0; i < SAC_X; i++) s += (uint64_t)(uint32_t)t[i];
+    return s;
+}
+
+static void sac_range(int lib, long lo, long hi) {
+    const uint64_t *a = g_va;
+    uint64_t *b = g_vb;
+    for (long idx = lo; idx < hi; idx++) {
+        int *t = xmalloc(lib, SAC_X * sizeof(int));
+        escape(t);
+        b[idx] = a[idx] + fill_and_sum(t, idx);
+        g_free[lib](t);
+    }
+}
+
+static int g_sac_threads;
+
+static void *sac_thread(void *arg) {
+    long t = (long)arg;
+    long chunk = (g_len + g_sac_threads - 1) / g_sac_threads;
+    long lo = t * chunk, hi = lo + chunk < g_len ? lo + chunk : g_len;
+    for (long b = 0; b < g_bursts; b++) {
+        for (int k = 0; k < g_libs; k++) {
+            int lib = (int)((k + b) % g_libs);
+            pthread_barrier_wait(&g_barrier);
+            double a = now();
+            sac_range(lib, lo, hi);
+            g_work[t][lib][b] = now() - a;
+            pthread_barrier_wait(&g_barrier);
+            if (t == 0) {
+                /* What this burst added (A stays zero, so every burst does the same work). */
+                uint64_t s = 0;
+                for (long i = 0; i < g_len; i++) s += g_vb[i] - g_va[i];
+                g_sum[lib] += s;
+            }
+            pthread_barrier_wait(&g_barrier);
+        }
+    }
+    return NULL;
+}
+
+static void sac(long scale, int threads) {
+    g_len = 100000L * scale;
+    g_sac_threads = threads;
+    /* The vectors come from the process's own allocator, once: only the
+     * temporaries go through the library under test. */
+    g_va = calloc((size_t)g_len, sizeof(uint64_t));
+    g_vb = calloc((size_t)g_len, sizeof(uint64_t));
+    if (g_va == NULL || g_vb == NULL) die("out of memory (vectors)", NULL);
+    if (pthread_barrier_init(&g_barrier, NULL, (unsigned)threads) != 0) die("pthread_barrier_init failed", NULL);
+    pthread_t th[THREADS];
+    for (long t = 0; t < threads; t++)
+        if (pthread_create(&th[t], NULL, sac_thread, (void *)t) != 0) die("pthread_create failed", NULL);
+    for (int t = 0; t < threads; t++) pthread_join(th[t], NULL);
+    for (int lib = 0; lib < g_libs; lib++)
+        for (long b = 0; b < g_bursts; b++) {
+            double w = 0;
+            for (int t = 0; t < threads; t++) w += g_work[t][lib][b];
+            g_ns[lib][b] = w * 1e9 / (double)g_len;
+        }
+    free(g_va);
+    free(g_vb);
+}
+
 /* ---- driver ------------------------------------------------------------- */
 
 static int cmp_double(const void *a, const void *b) {
@@ -301,6 +399,12 @@ static int cmp_double(const void *a, const void *b) {
 
 static void load(int i, const char *name) {
     void *h;
+    if (strcmp(name, "bound") == 0) {
+        g_malloc[i] = bound_malloc;
+        g_free[i] = bound_free;
+        g_is_bound[i] = 1;
+        return;
+    }
     if (strcmp(name, "glibc") == 0) {
         h = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
     } else {
@@ -314,7 +418,7 @@ static void load(int i, const char *name) {
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: inprocess same|four|random|prodcons|larson BURSTS SCALE LIB...\n");
+        fprintf(stderr, "usage: inprocess same|four|random|prodcons|sac|sac2|larson BURSTS SCALE LIB...\n");
         return 2;
     }
     const char *loop = argv[1];
@@ -324,6 +428,9 @@ int main(int argc, char **argv) {
     g_libs = argc - 4;
     if (g_libs > MAX_LIBS) die("too many libraries (at most 8)", NULL);
     for (int i = 0; i < g_libs; i++) load(i, argv[4 + i]);
+    for (int i = 0; i < g_libs; i++)
+        if (g_is_bound[i] && strcmp(loop, "sac") != 0 && strcmp(loop, "sac2") != 0)
+            die("the library `bound` is for the loops sac and sac2 only", loop);
     g_bursts = bursts;
 
     long steps = 250000L * scale;
@@ -334,9 +441,12 @@ int main(int argc, char **argv) {
     } else if (strcmp(loop, "prodcons") == 0) {
         prodcons(scale);
         ops = (double)g_items;
+    } else if (strcmp(loop, "sac") == 0 || strcmp(loop, "sac2") == 0) {
+        sac(scale, loop[3] == '2' ? 2 : 1);
+        ops = (double)g_len;
     } else {
         int which = strcmp(loop, "same") == 0 ? 0 : strcmp(loop, "four") == 0 ? 1 : strcmp(loop, "random") == 0 ? 2 : -1;
-        if (which < 0) die("unknown loop (expected same, four, random, prodcons or larson)", loop);
+        if (which < 0) die("unknown loop (expected same, four, random, prodcons, sac, sac2 or larson)", loop);
         for (long b = 0; b < bursts; b++) {
             for (int k = 0; k < g_libs; k++) {
                 int lib = (int)((k + b) % g_libs);

@@ -213,12 +213,31 @@ fn inprocess_loops_do_the_same_work_on_every_contender() {
 }
 
 #[test]
+fn inprocess_sac_on_the_bound_does_the_same_work() {
+    use canopy_bench::experiments::in_process::tunables;
+    let prog = CProgram::InProcess.compile().expect("compile c/inprocess.c");
+    for l in ["sac", "sac2"] {
+        let args: Vec<String> = [l, "2", "1", "glibc", "bound"].map(String::from).to_vec();
+        let mut inv = Invocation::new(prog.clone(), args, &Contender::glibc(), TIMEOUT);
+        inv.env.push(("GLIBC_TUNABLES".into(), tunables(None)));
+        let out = run(&inv).unwrap();
+        assert!(out.success(), "{}: {}", inv.display(), out.stderr);
+        let lines: Vec<ResultLine> =
+            out.stdout.lines().filter(|x| x.starts_with("lib=")).map(|x| ResultLine::parse(x).unwrap()).collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[1].fields["name"], "bound");
+        assert_eq!(lines[0].fields["checksum"], lines[1].fields["checksum"], "{l}: glibc and the bound");
+    }
+}
+
+#[test]
 fn inprocess_rejects_an_unknown_loop_and_a_missing_library() {
     let prog = CProgram::InProcess.compile().expect("compile c/inprocess.c");
     for (args, says) in [
         (["nope", "2", "1", "glibc"], "unknown loop"),
         (["same", "2", "1", "/nonexistent/libnothing.so"], "cannot load"),
         (["same", "0", "1", "glibc"], "BURSTS must be"),
+        (["four", "2", "1", "bound"], "for the loops sac and sac2 only"),
     ] {
         let inv = Invocation::new(prog.clone(), args.map(String::from).to_vec(), &Contender::glibc(), TIMEOUT);
         let out = run(&inv).unwrap();

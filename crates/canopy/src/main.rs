@@ -47,7 +47,7 @@ geometric means.
   in-process     The allocators loaded side by side into one process (dlopen) and run in \
 alternating bursts, the order turned every burst: one 64-byte block freed and allocated again, four \
 live blocks of one size and of random sizes 16..256, a producer thread whose blocks a consumer \
-frees, and Larson's two threads with each thread's work timed between the barriers. On a shared machine a slow minute then falls on every allocator \
+frees, the SAC kernel at X = 25 on one and two threads against its compute-only bound, and Larson's two threads with each thread's work timed between the barriers. On a shared machine a slow minute then falls on every allocator \
 alike; ns per operation and ratios to the best anchor.
 
 Region experiments (paper 002, Lyberis et al., \"The Myrmics Memory Allocator: Hierarchical, \
@@ -168,7 +168,9 @@ enum Experiment {
                             four (four live 64-byte blocks, one replaced at random each step), random (the same \
                             with sizes 16..256: the small half of the mixed workload), prodcons (one thread \
                             allocates 16..4096 B blocks, the other frees them, through a bounded queue; \
-                            the burst timed whole), larson (two threads, tables \
+                            the burst timed whole), sac and sac2 (the SAC kernel at X = 25 on one and \
+                            two threads, also on the compute-only bound: a malloc that hands each thread \
+                            its one temporary), larson (two threads, tables \
                             of 1000 blocks of 16..1024 B, each round on the other thread's table; each thread's \
                             work timed between the barriers). Nanoseconds per free+malloc: the median burst, then \
                             the median over processes; ratios to the best anchor and to mimalloc. Separate \
@@ -471,7 +473,7 @@ struct InProcessArgs {
     /// Loops to run, comma-separated [default: all]
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     only: Option<Vec<String>>,
-    /// Work per burst: 250 000 steps (prodcons: 50 000 blocks; larson: 5 rounds) per unit [default: quick 1, default 2, paper 4]
+    /// Work per burst: 250 000 steps (prodcons: 50 000 blocks; sac: 100 000 elements; larson: 5 rounds) per unit [default: quick 1, default 2, paper 4]
     #[arg(long)]
     scale: Option<usize>,
 }

@@ -16,7 +16,10 @@
 //! live 64-byte blocks, one replaced at random each step), `random` (the
 //! same with sizes 16..256: the small half of the `mixed` workload),
 //! `prodcons` (one thread allocates 16..4096-byte blocks, the other frees
-//! them, through a bounded queue) and `larson` (two threads, tables of 1000 blocks of 16..1024 bytes, each
+//! them, through a bounded queue), `sac` and `sac2` (the SAC kernel of
+//! paper 000 at X = 25 on one and two threads, also run on the compute-only
+//! bound, a `malloc` that hands each thread its one temporary) and `larson`
+//! (two threads, tables of 1000 blocks of 16..1024 bytes, each
 //! round on the other thread's table).  Reported: nanoseconds per operation
 //! (one free and one allocation), median over the bursts, then median over
 //! the processes; ratios to the best anchor and to mimalloc.
@@ -47,15 +50,22 @@ pub struct Loop {
     pub name: &'static str,
     /// What it does.
     pub about: &'static str,
+    /// Also run on the compute-only bound (the program's `bound` library).
+    pub with_bound: bool,
 }
+
+/// The name of the compute-only bound in the reports.
+pub const BOUND: &str = "bound";
 
 /// All loops, in report order.
 pub const LOOPS: &[Loop] = &[
-    Loop { name: "same", about: "free a 64-byte block and allocate one again (one block live)" },
-    Loop { name: "four", about: "four live 64-byte blocks, one freed at random and replaced each step" },
-    Loop { name: "random", about: "four live blocks of 16..256 bytes at random (the small half of `mixed`)" },
-    Loop { name: "prodcons", about: "one thread allocates blocks of 16..4096 B and passes them through a bounded queue to the other, which frees them; the burst is timed whole" },
-    Loop { name: "larson", about: "two threads, tables of 1000 blocks of 16..1024 B, each round on the other thread's table; each thread's work timed between barriers" },
+    Loop { name: "same", about: "free a 64-byte block and allocate one again (one block live)", with_bound: false },
+    Loop { name: "four", about: "four live 64-byte blocks, one freed at random and replaced each step", with_bound: false },
+    Loop { name: "random", about: "four live blocks of 16..256 bytes at random (the small half of `mixed`)", with_bound: false },
+    Loop { name: "prodcons", about: "one thread allocates blocks of 16..4096 B and passes them through a bounded queue to the other, which frees them; the burst is timed whole", with_bound: false },
+    Loop { name: "sac", about: "the SAC kernel of paper 000 at X = 25 on one thread: per element a 100-byte temporary allocated, filled, summed, freed; also on the compute-only bound (one temporary)", with_bound: true },
+    Loop { name: "sac2", about: "the same on two threads, each on half of the vector; each thread's work timed between barriers", with_bound: true },
+    Loop { name: "larson", about: "two threads, tables of 1000 blocks of 16..1024 B, each round on the other thread's table; each thread's work timed between barriers", with_bound: false },
 ];
 
 /// The glibc tunable that gives `dlopen`ed libraries with initial-exec TLS
@@ -104,6 +114,31 @@ pub fn scale(size: Size) -> usize {
         Size::Default => 2,
         Size::Paper => 4,
     }
+}
+
+/// The compute-only bound as a contender of the records (not an allocator:
+/// the program's `bound` library hands every thread its one temporary).
+pub fn bound_contender() -> Contender {
+    Contender { name: BOUND.into(), preload: None, version: Some("compute only: one temporary per thread".into()) }
+}
+
+/// Each contender's median time over the bound's, for the loops that run
+/// on the bound.
+pub fn vs_bound(rows: &[WorkloadRow], lp: &str, contender: &str) -> Option<f64> {
+    let t = |c: &str| rows.iter().find(|r| r.workload == lp && r.contender == c).and_then(|r| r.median_seconds);
+    crate::stats::ratio(t(contender), t(BOUND))
+}
+
+fn bound_table(rows: &[WorkloadRow], selected: &[&Loop], cs: &[(String, bool)]) -> String {
+    let with: Vec<&&Loop> = selected.iter().filter(|l| l.with_bound).collect();
+    if with.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new(std::iter::once("loop".to_string()).chain(cs.iter().filter(|c| c.0 != BOUND).map(|c| c.0.clone())));
+    for l in with {
+        t.row(std::iter::once(l.name.to_string()).chain(cs.iter().filter(|c| c.0 != BOUND).map(|(c, _)| fmt_ratio(vs_bound(rows, l.name, c)))));
+    }
+    format!("\n## Time relative to the compute-only bound (SAC loops; issue target: within 1.15x)\n\n{}", t.render())
 }
 
 /// The program's argument naming `c`'s library: its path, or `glibc`.
@@ -206,11 +241,16 @@ pub fn run(common: &Common, opts: &InProcessOptions) -> Result<Finished> {
             pb.set_message(format!("{} ({}/{reps})", l.name, rep + 1));
             let mut args = vec![l.name.to_string(), nb.to_string(), sc.to_string()];
             args.extend(contenders.iter().map(lib_arg_of));
+            let mut these = contenders.clone();
+            if l.with_bound {
+                args.push(BOUND.into());
+                these.push(bound_contender());
+            }
             let glibc = Contender::glibc();
             let mut inv = Invocation::new(prog.clone(), args, &glibc, common.timeout);
             inv.env.push(("GLIBC_TUNABLES".into(), tun.clone()));
             let out = runner::run(&inv);
-            let recs = records_of(l.name, rep, contenders, &inv, out.as_ref().map_err(|e| format!("{e:#}")));
+            let recs = records_of(l.name, rep, &these, &inv, out.as_ref().map_err(|e| format!("{e:#}")));
             for r in recs.iter().filter(|r| !r.ok) {
                 if let Some(e) = &r.error {
                     pb.suspend(|| eprintln!("error: {e}"));
@@ -223,7 +263,11 @@ pub fn run(common: &Common, opts: &InProcessOptions) -> Result<Finished> {
     pb.finish_and_clear();
 
     let names: Vec<&str> = selected.iter().map(|l| l.name).collect();
-    let cs: Vec<(String, bool)> = contenders.iter().map(|c| (c.name.clone(), c.is_anchor())).collect();
+    let mut cs: Vec<(String, bool)> = contenders.iter().map(|c| (c.name.clone(), c.is_anchor())).collect();
+    if selected.iter().any(|l| l.with_bound) {
+        // A column of its own, never the best anchor.
+        cs.push((BOUND.to_string(), false));
+    }
     let (rows, best, geomeans) = summarize(&runs, &names, &cs);
     let failures = failures_of(&runs);
 
@@ -244,9 +288,10 @@ pub fn run(common: &Common, opts: &InProcessOptions) -> Result<Finished> {
         markdown.push_str(&format!("- `{}`: {}\n", l.name, l.about));
     }
     markdown.push_str(&tables(&rows, &geomeans, &best, &names, &cs));
+    markdown.push_str(&bound_table(&rows, &selected, &cs));
     markdown.push_str(&failures_markdown(&failures));
 
-    let series: Vec<String> = cs.iter().map(|c| c.0.clone()).collect();
+    let series: Vec<String> = cs.iter().map(|c| c.0.clone()).filter(|c| c != BOUND).collect();
     let panel = Panel {
         title: "time per operation".into(),
         groups: names
@@ -379,6 +424,31 @@ mod tests {
         assert!(failed.iter().all(|r| !r.ok && r.error.as_deref().unwrap().contains("oops")));
         let unrun = records_of("same", 0, &cs, &inv(), Err("no such file".into()));
         assert!(unrun.iter().all(|r| !r.ok && r.error.as_deref().unwrap().contains("no such file")));
+    }
+
+    #[test]
+    fn ratios_to_the_bound_use_the_bound_row_of_the_same_loop() {
+        let row = |l: &str, c: &str, secs: Option<f64>| WorkloadRow {
+            workload: l.into(),
+            contender: c.into(),
+            ok_runs: 1,
+            failed_runs: 0,
+            median_seconds: secs,
+            median_rss_kib: None,
+            time_vs_best_anchor: None,
+            time_vs_mimalloc: None,
+            rss_vs_best_anchor: None,
+            rss_vs_mimalloc: None,
+        };
+        let rows = vec![
+            row("sac", "canopy", Some(3.0)),
+            row("sac", BOUND, Some(2.0)),
+            row("sac2", "canopy", Some(5.0)),
+            row("sac2", BOUND, None),
+        ];
+        assert_eq!(vs_bound(&rows, "sac", "canopy"), Some(1.5));
+        assert_eq!(vs_bound(&rows, "sac2", "canopy"), None, "no bound measured");
+        assert_eq!(vs_bound(&rows, "same", "canopy"), None, "no such loop");
     }
 
     #[test]
