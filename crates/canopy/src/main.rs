@@ -175,7 +175,7 @@ enum Experiment {
                             work timed between the barriers). Nanoseconds per free+malloc: the median burst, then \
                             the median over processes; ratios to the best anchor and to mimalloc. Separate \
                             processes on a shared VM measure the minute they ran in as much as the allocator \
-                            (Larson's barrier wake-ups above all); this measure is steady to a few per cent."
+                            (Larson's barrier wake-ups above all); most ratios here repeat to within a few per cent from run to run."
     )]
     InProcess(InProcessArgs),
     /// Fragmentation in one region: requested bytes vs. full and partial slabs (paper 002, Fig. 4a-c)
