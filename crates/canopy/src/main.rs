@@ -464,7 +464,7 @@ struct InProcessArgs {
     size: SizeArgs,
     #[command(flatten)]
     contenders: ContenderArgs,
-    /// Processes per loop; the median is reported [default: 1 quick, 3 otherwise]
+    /// Processes per loop; the median is reported [default: 1 quick, 5 otherwise]
     #[arg(long)]
     runs: Option<usize>,
     /// Bursts per allocator in each process [default: 5 quick, 21 default, 41 paper]
