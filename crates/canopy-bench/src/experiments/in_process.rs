@@ -52,6 +52,15 @@ pub struct Loop {
     pub about: &'static str,
     /// Also run on the compute-only bound (the program's `bound` library).
     pub with_bound: bool,
+    /// Threads the loop runs on.
+    pub threads: usize,
+}
+
+/// The summary's thread count: the loops differ, so it is the most any of
+/// `selected` runs on (each loop's own count is in the JSON's
+/// `params.loop_threads`).
+pub fn summary_threads(selected: &[&Loop]) -> usize {
+    selected.iter().map(|l| l.threads).max().unwrap_or(1)
 }
 
 /// The name of the compute-only bound in the reports.
@@ -59,13 +68,13 @@ pub const BOUND: &str = "bound";
 
 /// All loops, in report order.
 pub const LOOPS: &[Loop] = &[
-    Loop { name: "same", about: "free a 64-byte block and allocate one again (one block live)", with_bound: false },
-    Loop { name: "four", about: "four live 64-byte blocks, one freed at random and replaced each step", with_bound: false },
-    Loop { name: "random", about: "four live blocks of 16..256 bytes at random (the small half of `mixed`)", with_bound: false },
-    Loop { name: "prodcons", about: "one thread allocates blocks of 16..4096 B and passes them through a bounded queue to the other, which frees them; the burst is timed whole", with_bound: false },
-    Loop { name: "sac", about: "the SAC kernel of paper 000 at X = 25 on one thread: per element a 100-byte temporary allocated, filled, summed, freed; also on the compute-only bound (one temporary)", with_bound: true },
-    Loop { name: "sac2", about: "the same on two threads, each on half of the vector; each thread's work timed between barriers", with_bound: true },
-    Loop { name: "larson", about: "two threads, tables of 1000 blocks of 16..1024 B, each round on the other thread's table; each thread's work timed between barriers", with_bound: false },
+    Loop { name: "same", about: "free a 64-byte block and allocate one again (one block live)", with_bound: false, threads: 1 },
+    Loop { name: "four", about: "four live 64-byte blocks, one freed at random and replaced each step", with_bound: false, threads: 1 },
+    Loop { name: "random", about: "four live blocks of 16..256 bytes at random (the small half of `mixed`)", with_bound: false, threads: 1 },
+    Loop { name: "prodcons", about: "one thread allocates blocks of 16..4096 B and passes them through a bounded queue to the other, which frees them; the burst is timed whole", with_bound: false, threads: 2 },
+    Loop { name: "sac", about: "the SAC kernel of paper 000 at X = 25 on one thread: per element a 100-byte temporary allocated, filled, summed, freed; also on the compute-only bound (one temporary)", with_bound: true, threads: 1 },
+    Loop { name: "sac2", about: "the same on two threads, each on half of the vector; each thread's work timed between barriers", with_bound: true, threads: 2 },
+    Loop { name: "larson", about: "two threads, tables of 1000 blocks of 16..1024 B, each round on the other thread's table; each thread's work timed between barriers", with_bound: false, threads: 2 },
 ];
 
 /// The glibc tunable that gives `dlopen`ed libraries with initial-exec TLS
@@ -328,11 +337,18 @@ pub fn run(common: &Common, opts: &InProcessOptions) -> Result<Finished> {
         title: "Allocators side by side in one process, alternating bursts".into(),
         paper: "Larson and small-block loops; a steadier measure on shared machines".into(),
         size: common.size,
-        params: json!({ "bursts": nb, "scale": sc, "runs": reps, "loops": names, "glibc_tunables": tun }),
+        params: json!({
+            "bursts": nb,
+            "scale": sc,
+            "runs": reps,
+            "loops": names,
+            "loop_threads": selected.iter().map(|l| json!({ "loop": l.name, "threads": l.threads })).collect::<Vec<_>>(),
+            "glibc_tunables": tun,
+        }),
         machine,
         contenders: contenders.clone(),
         skipped: common.contenders.skipped.clone(),
-        summary: WorkloadSummary { threads: 2, scale: sc, runs: reps, rows, best_anchors: best, geomeans },
+        summary: WorkloadSummary { threads: summary_threads(&selected), scale: sc, runs: reps, rows, best_anchors: best, geomeans },
         runs,
         failures: failures.clone(),
     };
@@ -454,6 +470,15 @@ mod tests {
         assert_eq!(vs_bound(&rows, "sac", "canopy"), Some(1.5));
         assert_eq!(vs_bound(&rows, "sac2", "canopy"), None, "no bound measured");
         assert_eq!(vs_bound(&rows, "same", "canopy"), None, "no such loop");
+    }
+
+    #[test]
+    fn the_summary_counts_the_threads_of_the_loops_that_ran() {
+        let pick = |names: &[&str]| -> Vec<&Loop> { LOOPS.iter().filter(|l| names.contains(&l.name)).collect() };
+        assert_eq!(summary_threads(&pick(&["same", "four", "random", "sac"])), 1);
+        assert_eq!(summary_threads(&pick(&["same", "larson"])), 2);
+        assert_eq!(summary_threads(&pick(&["sac2"])), 2);
+        assert_eq!(summary_threads(&[]), 1);
     }
 
     #[test]
