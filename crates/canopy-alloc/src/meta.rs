@@ -11,16 +11,44 @@ const META_BYTES: usize = 1 << 30;
 static BASE: AtomicUsize = AtomicUsize::new(0);
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
-/// Reserve the metadata area.
+/// Pages between a gigabyte boundary and the metadata area, so that the
+/// pages of the first heaps have known virtual address bits 12 to 27: the
+/// ones that AMD Zen's L1 way predictor hashes (see
+/// `arena::BITMAP_PAGES`).  From these pages on, the heaps' pages share
+/// their hash with no page of the first 14 units of a 1 MiB heap page
+/// before the sixth heap (`metadata_pages_share_way_hashes_only_with_late_units`).
+/// Left where the kernel put it, the area fell wherever the arena's
+/// reservation left room: one process had its first heap on a page with
+/// the same hash as the arena's first page, where the first slab's first
+/// blocks are, and the next on a page of its own.
+pub(crate) const META_PAGES: usize = 0x1E10;
+
+/// Reserve the metadata area: [`META_PAGES`] pages past a gigabyte
+/// boundary (the pages before it are given back at once).
 pub(crate) fn init() -> bool {
-    match canopy_sys::reserve_aligned(META_BYTES, 4096) {
+    let skew = META_PAGES << 12;
+    match canopy_sys::reserve_aligned(skew + META_BYTES, 1 << 30) {
         Ok(p) => {
-            BASE.store(p as usize, Ordering::Relaxed);
-            NEXT.store(p as usize, Ordering::Relaxed);
+            // SAFETY: [p, p + skew) is part of the reservation just made and
+            // nothing else refers to it.
+            unsafe { canopy_sys::release(p, skew) };
+            let base = p as usize + skew;
+            BASE.store(base, Ordering::Relaxed);
+            NEXT.store(base, Ordering::Relaxed);
             true
         }
         Err(_) => false,
     }
+}
+
+/// The metadata area's first byte (0 before [`init`]).
+pub(crate) fn base() -> usize {
+    BASE.load(Ordering::Relaxed)
+}
+
+/// Bytes each heap takes in the area (whole pages).
+pub(crate) const fn heap_stride() -> usize {
+    (core::mem::size_of::<Heap>() + HEAP_PAGE_OFFSET + 4095) & !4095
 }
 
 /// Where a heap starts within its 4 KiB page.  The fast paths load the
@@ -38,7 +66,7 @@ const _: () = assert!(HEAP_PAGE_OFFSET % core::mem::align_of::<Heap>() == 0);
 
 /// Room for one heap, or null when the area is exhausted.
 pub(crate) fn alloc_heap() -> *mut Heap {
-    let size = (core::mem::size_of::<Heap>() + HEAP_PAGE_OFFSET + 4095) & !4095;
+    let size = heap_stride();
     let at = NEXT.load(Ordering::Relaxed);
     if at + size > BASE.load(Ordering::Relaxed) + META_BYTES {
         return core::ptr::null_mut();

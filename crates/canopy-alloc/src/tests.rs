@@ -2584,3 +2584,52 @@ fn a_thread_that_does_not_allocate_a_class_keeps_none_of_its_blocks() {
     collect();
     check_invariants().unwrap();
 }
+
+/// The way-prediction hash of AMD Zen's L1 data cache for the page at
+/// `va` (eight bits, each the exclusive or of two of virtual address bits
+/// 12 to 27; see `arena::BITMAP_PAGES`).
+fn zen_way_hash(va: usize) -> u8 {
+    const PAIRS: [(u32, u32); 8] = [(12, 27), (13, 26), (14, 25), (15, 20), (16, 21), (17, 22), (18, 23), (19, 24)];
+    PAIRS
+        .iter()
+        .enumerate()
+        .fold(0u8, |h, (i, &(a, b))| h | ((((va >> a) ^ (va >> b)) & 1) as u8) << i)
+}
+
+/// The metadata pages every slab of the first heaps touches on its fast
+/// paths (the bitmap table's pages for units 0 to 71, the descriptor
+/// table's page for units 0 to 55 and the first five heaps) share their way hash with no page of the
+/// first 64 units except pages of the last two units of a 1 MiB heap page
+/// (14 and 15 of each 16), the slabs a heap makes last; with the tables at
+/// the start of their gigabytes, the bitmap's first page and the arena's
+/// first page (the first slab's first blocks) had the same hash.  Checked
+/// on the addresses of this process's arena.
+#[test]
+fn metadata_pages_share_way_hashes_only_with_late_units() {
+    let _g = serial();
+    assert!(thread::ensure_init(), "the arena is there");
+    let base = arena::arena_base();
+    assert_eq!(base % arena::ARENA_ALIGN, 0, "the arena is 1 GiB aligned");
+    // The hash sees what moved: the tables' old first pages match the
+    // arena's first page.
+    assert_eq!(zen_way_hash(base - (2 << 30)), zen_way_hash(base));
+    assert_eq!(zen_way_hash(base - (1 << 30)), zen_way_hash(base));
+    let bitmap_pages = (0..9).map(|j| (arena::bitmap_at(base, 8 * j) as usize) & !4095);
+    let table_page = std::iter::once(arena::desc_at(base, 0) as usize & !4095);
+    // The first five heaps' pages (the area is laid out the same in every
+    // process, whichever thread's heap each is).
+    let heap_pages = (0..5 * crate::meta::heap_stride()).step_by(4096).map(|off| crate::meta::base() + off);
+    assert_eq!(crate::meta::base() % (1 << 30), crate::meta::META_PAGES << 12);
+    for meta in bitmap_pages.chain(table_page).chain(heap_pages) {
+        for page in 0..64 * 16 {
+            let unit = page / 16;
+            if zen_way_hash(base + page * 4096) == zen_way_hash(meta) {
+                assert!(
+                    unit % 16 >= 14,
+                    "metadata page {meta:#x} shares its way hash with page {} of unit {unit}",
+                    page % 16
+                );
+            }
+        }
+    }
+}
