@@ -42,6 +42,7 @@ pub(crate) fn init() -> bool {
 }
 
 /// The metadata area's first byte (0 before [`init`]).
+#[cfg(test)]
 pub(crate) fn base() -> usize {
     BASE.load(Ordering::Relaxed)
 }
