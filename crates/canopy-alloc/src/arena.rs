@@ -205,9 +205,15 @@ const _: () = assert!(UNIT <= 1 << 16 && crate::size_class::SMALL_MAX <= 1 << 13
 /// Bytes of bitmap per unit: one bit per slot of the smallest class.
 pub const BITMAP_STRIDE: usize = UNIT / 16 / 8;
 /// The bitmap table sits this many bytes below the arena base: it starts
-/// `BITMAP_SKEW` bytes into the two gigabytes below the descriptor table's
-/// (the table is 1 GiB; the rest of the two is given back at start-up).
-pub const BITMAP_OFFSET: usize = (3 << 30) - BITMAP_SKEW;
+/// `BITMAP_SKEW` bytes into the gigabyte below the descriptor table's, and
+/// its last `BITMAP_SKEW` bytes (the words of units the arena never has
+/// unless it is reserved whole) run into the descriptor gigabyte's head,
+/// before the descriptor table.
+pub const BITMAP_OFFSET: usize = (2 << 30) - BITMAP_SKEW;
+// The free fast path reaches a bitmap word with a 32-bit displacement from
+// the arena base (`mov -OFFSET(base, index, 8)`); at 2 GiB or more it
+// would need an extra instruction (it did, at 3 GiB: 65 -> 67 per pair).
+const _: () = assert!(BITMAP_OFFSET < 1 << 31);
 /// Where the bitmap table starts in its region: [`BITMAP_PAGES`] pages in,
 /// plus 256 bytes so that the first word of a slab's bitmap never lies at
 /// page offset 0, the offset of the slab's first block (see
@@ -244,8 +250,8 @@ pub const BITMAP_SKEW: usize = (BITMAP_PAGES << 12) + 256;
 /// `metadata_pages_share_way_hashes_only_with_late_units` checks it), the
 /// slabs a heap makes last.  Other processors do not predict ways this way;
 /// there the move changes nothing.
-pub const BITMAP_PAGES: usize = 0x1E00;
-const _: () = assert!(MAX_UNITS * BITMAP_STRIDE + BITMAP_SKEW <= 2 << 30);
+pub const BITMAP_PAGES: usize = 0x1C00;
+const _: () = assert!(MAX_UNITS * BITMAP_STRIDE + BITMAP_SKEW <= (1 << 30) + (TABLE_SKEW & !4095));
 const _: () = assert!(BITMAP_STRIDE == 64 * 8); // the free fast path indexes words as `idx * 64 + w`
 
 /// What `ARENA_BASE` holds until the arena is reserved: the base of a
@@ -305,7 +311,7 @@ pub(crate) static ARENA_UNITS: AtomicUsize = AtomicUsize::new(0);
 pub const TABLE_SKEW: usize = (TABLE_PAGES << 12) + 8 * core::mem::size_of::<Desc>();
 /// Pages between the descriptor gigabyte's start and the table (see
 /// [`BITMAP_PAGES`]).
-pub const TABLE_PAGES: usize = 0x1C00;
+pub const TABLE_PAGES: usize = 0x1E00;
 
 /// See [`TABLE_SKEW`].
 pub const TABLE_OFFSET: usize = (1 << 30) - TABLE_SKEW;
@@ -369,27 +375,26 @@ pub fn arena_units() -> usize {
 
 /// Reserve the bitmap table, the descriptor table and the arena, one
 /// reservation with the descriptors in the gigabyte below the arena (which
-/// is 1 GiB aligned) and the bitmaps in the two gigabytes below that.  The
-/// parts of those three gigabytes that no table uses (before each table and
-/// after it) are given back at once.  Called once, under the init lock.
-/// Returns false if the OS refuses even 1 GiB of arena.
+/// is 1 GiB aligned) and the bitmaps in the gigabyte below that.  The pages
+/// of those two gigabytes that no table uses (before each table and after
+/// it) are given back at once.  Called once, under the init lock.  Returns
+/// false if the OS refuses even 1 GiB of arena.
 pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
     let mut gb = arena_gb.clamp(1, (MAX_UNITS * UNIT) >> 30);
     loop {
-        match canopy_sys::reserve_aligned((3 << 30) + (gb << 30), ARENA_ALIGN) {
+        match canopy_sys::reserve_aligned((2 << 30) + (gb << 30), ARENA_ALIGN) {
             Ok(start) => {
-                // SAFETY: start..start+3GiB+gb GiB was just reserved; only
-                // whole pages outside both tables are released, and nothing
-                // else refers to them.
+                // SAFETY: start..start+2GiB+gb GiB was just reserved; only
+                // whole pages outside both tables are released (the bitmap
+                // table ends before the descriptor table's first page), and
+                // nothing else refers to them.
                 let base = unsafe {
                     let (bitmap_from, bitmap_to) = unused_around(BITMAP_SKEW, MAX_UNITS * BITMAP_STRIDE);
+                    let (table_from, table_to) = unused_around((1 << 30) + TABLE_SKEW, TABLE_BYTES);
                     canopy_sys::release(start, bitmap_from);
-                    canopy_sys::release(start.add(bitmap_to), (2 << 30) - bitmap_to);
-                    let desc = start.add(2 << 30);
-                    let (table_from, table_to) = unused_around(TABLE_SKEW, TABLE_BYTES);
-                    canopy_sys::release(desc, table_from);
-                    canopy_sys::release(desc.add(table_to), (1 << 30) - table_to);
-                    start.add(3 << 30)
+                    canopy_sys::release(start.add(bitmap_to), table_from - bitmap_to);
+                    canopy_sys::release(start.add(table_to), (2 << 30) - table_to);
+                    start.add(2 << 30)
                 };
                 if huge {
                     // SAFETY: base..base+gb GiB is ours.
