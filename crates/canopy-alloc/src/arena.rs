@@ -35,8 +35,8 @@
 //!   blocks is kept: a slab is empty when every slot's bit is set.
 //!
 //! A `SMALL` unit is a [`crate::slab`] slab: its slots' bitmap lives in a
-//! table of its own, `BITMAP_STRIDE` bytes per unit, in the two gigabytes below
-//! the descriptor table, so a pointer's bitmap word is, like its descriptor, a
+//! table of its own, `BITMAP_STRIDE` bytes per unit, in the gigabyte below the
+//! descriptor table, so a pointer's bitmap word is, like its descriptor, a
 //! fixed offset from the arena base.  The bitmap alone says which blocks
 //! are free; the allocator also marks a free block in its second word, and
 //! links a block on its way to its owner as a remote free through its first
