@@ -24,21 +24,27 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 pub(crate) const META_PAGES: usize = 0x1E10;
 
 /// Reserve the metadata area: [`META_PAGES`] pages past a gigabyte
-/// boundary (the pages before it are given back at once).
+/// boundary (the pages before it are given back at once).  Aligning asks
+/// the OS for another gigabyte of address space for a moment; where a limit
+/// on address space (`ulimit -v`) refuses that, the area goes wherever the
+/// OS puts it, as before the placement mattered.
 pub(crate) fn init() -> bool {
     let skew = META_PAGES << 12;
-    match canopy_sys::reserve_aligned(skew + META_BYTES, 1 << 30) {
+    let base = match canopy_sys::reserve_aligned(skew + META_BYTES, 1 << 30) {
         Ok(p) => {
             // SAFETY: [p, p + skew) is part of the reservation just made and
             // nothing else refers to it.
             unsafe { canopy_sys::release(p, skew) };
-            let base = p as usize + skew;
-            BASE.store(base, Ordering::Relaxed);
-            NEXT.store(base, Ordering::Relaxed);
-            true
+            p as usize + skew
         }
-        Err(_) => false,
-    }
+        Err(_) => match canopy_sys::reserve_aligned(META_BYTES, 4096) {
+            Ok(p) => p as usize,
+            Err(_) => return false,
+        },
+    };
+    BASE.store(base, Ordering::Relaxed);
+    NEXT.store(base, Ordering::Relaxed);
+    true
 }
 
 /// The metadata area's first byte (0 before [`init`]).
