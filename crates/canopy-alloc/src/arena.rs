@@ -278,6 +278,12 @@ pub(crate) struct FastKeys {
     pub(crate) base: AtomicUsize,
     /// See [`flight_tag`].
     pub(crate) key: AtomicUsize,
+    /// Bytes of the arena mapped so far (`arena_units() * UNIT`; 0 until
+    /// initialised): `p` is in the arena exactly when `p - base < limit`,
+    /// the fast paths' one range check.  Only the units below it have
+    /// descriptors and bitmap words mapped (an arena that grows maps them as
+    /// it grows), so no descriptor is read before this check.
+    pub(crate) limit: AtomicUsize,
 }
 
 /// See [`FastKeys`].  Its address escapes once (`init_free_key`): without
@@ -288,9 +294,24 @@ pub(crate) struct FastKeys {
 pub(crate) static FAST_KEYS: FastKeys = FastKeys {
     base: AtomicUsize::new(UNINIT_BASE),
     key: AtomicUsize::new(0x5bd1_e995_a3c5_9ac3),
+    limit: AtomicUsize::new(0),
 };
 /// Units reserved in the arena.
 pub(crate) static ARENA_UNITS: AtomicUsize = AtomicUsize::new(0);
+/// Units the arena may grow to (see [`grow_to`]); equal to
+/// [`ARENA_UNITS`] when it was reserved whole.
+static ARENA_CAP: AtomicUsize = AtomicUsize::new(0);
+/// 1 if `madvise(MADV_HUGEPAGE)` is asked for the arena (also for what it
+/// grows by).
+static ARENA_HUGE: AtomicUsize = AtomicUsize::new(0);
+/// Units an arena that grows starts with (4 MiB), and the most it grows by
+/// at once (1 GiB): it grows by a quarter (at least 1 MiB), or by what a
+/// request needs if that is more or the OS refuses the quarter.  (A
+/// quarter, not a doubling: under a limit on address space what the arena
+/// has grown to stays reserved, so overshooting takes room from the
+/// program's other mappings, such as thread stacks.)
+const GROW_FIRST_UNITS: usize = 4 * PAGE_UNITS;
+const GROW_MAX_STEP_UNITS: usize = (1 << 30) >> UNIT_SHIFT;
 /// The descriptor table sits this many bytes below the arena base, so one
 /// load (the base) finds both the unit index and its descriptor.
 ///
@@ -325,6 +346,12 @@ const _: () = assert!(TABLE_BYTES + TABLE_SKEW <= 1 << 30);
 #[inline(always)]
 pub fn arena_base() -> usize {
     FAST_KEYS.base.load(Ordering::Relaxed)
+}
+
+/// Bytes of the arena mapped (see [`FastKeys::limit`]).
+#[inline(always)]
+pub fn arena_limit() -> usize {
+    FAST_KEYS.limit.load(Ordering::Relaxed)
 }
 
 /// Whether the arena has been reserved.
@@ -373,14 +400,51 @@ pub fn arena_units() -> usize {
     ARENA_UNITS.load(Ordering::Relaxed)
 }
 
+/// Reserve the arena and its tables.  Without a limit on address space
+/// the arena is reserved whole (`CANOPY_ARENA_GB`, halved until the OS
+/// grants it: [`init_whole`]); under a limit (`ulimit -v`), or where even
+/// 1 GiB is refused, it starts small and grows as the global heap needs
+/// units ([`init_growing`], [`grow_to`]).  Called once, under the init
+/// lock.  Returns false if the OS refuses both.
+pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
+    let gb = arena_gb.clamp(1, (MAX_UNITS * UNIT) >> 30);
+    ARENA_HUGE.store(huge as usize, Ordering::Relaxed);
+    match canopy_sys::address_space_limit() {
+        Some(limit) => init_growing(limit.min(gb << 30)),
+        None => init_whole(gb, huge) || init_growing(gb << 30),
+    }
+}
+
+/// Whether the arena grows on demand (it was not reserved whole).
+pub fn arena_grows() -> bool {
+    GROWING.load(Ordering::Relaxed) != 0
+}
+/// 1 once an arena that grows is set up.
+static GROWING: AtomicUsize = AtomicUsize::new(0);
+
+/// The largest alignment the arena base has, up to [`ARENA_ALIGN`]: spans
+/// aligned by unit index are aligned in memory up to this.  1 GiB unless
+/// the kernel had to place an arena that grows (then at least 1 MiB).
+pub fn base_align() -> usize {
+    if !arena_initialised() {
+        return ARENA_ALIGN;
+    }
+    (1usize << arena_base().trailing_zeros()).min(ARENA_ALIGN)
+}
+
+/// Units the arena may have at most (its whole reservation, or what it may
+/// grow to).
+pub fn arena_cap() -> usize {
+    ARENA_CAP.load(Ordering::Relaxed)
+}
+
 /// Reserve the bitmap table, the descriptor table and the arena, one
 /// reservation with the descriptors in the gigabyte below the arena (which
 /// is 1 GiB aligned) and the bitmaps in the gigabyte below that.  The pages
 /// of those two gigabytes that no table uses (before each table and after
-/// it) are given back at once.  Called once, under the init lock.  Returns
-/// false if the OS refuses even 1 GiB of arena.
-pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
-    let mut gb = arena_gb.clamp(1, (MAX_UNITS * UNIT) >> 30);
+/// it) are given back at once.  Returns false if the OS refuses even 1 GiB
+/// of arena.
+fn init_whole(mut gb: usize, huge: bool) -> bool {
     loop {
         match canopy_sys::reserve_aligned((2 << 30) + (gb << 30), ARENA_ALIGN) {
             Ok(start) => {
@@ -400,7 +464,10 @@ pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
                     // SAFETY: base..base+gb GiB is ours.
                     unsafe { canopy_sys::advise_huge(base, gb << 30) };
                 }
-                ARENA_UNITS.store((gb << 30) >> UNIT_SHIFT, Ordering::Relaxed);
+                let units = (gb << 30) >> UNIT_SHIFT;
+                ARENA_UNITS.store(units, Ordering::Relaxed);
+                ARENA_CAP.store(units, Ordering::Relaxed);
+                FAST_KEYS.limit.store(units << UNIT_SHIFT, Ordering::Relaxed);
                 // Release: a thread that sees the base also sees the units.
                 FAST_KEYS.base.store(base as usize, Ordering::Release);
                 return true;
@@ -409,6 +476,147 @@ pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
             Err(_) => return false,
         }
     }
+}
+
+/// Where the arena that grows is put: gigabyte-aligned addresses between
+/// 4 TiB and 64 TiB, chosen at random.  On x86-64 and AArch64 Linux with
+/// 48-bit addresses nothing lives there (programs and their heaps sit near
+/// 86 TiB, shared libraries and `mmap` below 128 TiB, growing down), so the
+/// arena can grow upwards into addresses no one else takes, and its tables
+/// can go at their fixed offsets below it.  Where none is free (or the
+/// address space is smaller), the kernel places it, and it grows as long
+/// as the addresses after it stay free.
+const GROW_HINT_FROM: usize = 4 << 40;
+const GROW_HINT_GIBS: usize = 60 << 10;
+const GROW_HINT_TRIES: usize = 8;
+
+/// Start an arena that grows: [`GROW_FIRST_UNITS`] units with their
+/// descriptors and bitmap words, the same layout as a whole one (tables at
+/// the same offsets below a 1 GiB-aligned base), at most `cap_bytes` ever.
+/// Only what is mapped counts against an address-space limit.
+fn init_growing(cap_bytes: usize) -> bool {
+    let cap = ((cap_bytes >> UNIT_SHIFT) & !(PAGE_UNITS - 1)).clamp(PAGE_UNITS, MAX_UNITS);
+    let first = GROW_FIRST_UNITS.min(cap);
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let mut x = (ts.tv_nsec as usize) ^ (&ts as *const _ as usize) ^ 0x2545_f491_4f6c_dd1d;
+    for _ in 0..GROW_HINT_TRIES {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let base = GROW_HINT_FROM + (x % GROW_HINT_GIBS) * ARENA_ALIGN;
+        if map_units(base, 0, first).is_ok() {
+            return start_growing(base, first, cap);
+        }
+    }
+    // Wherever the kernel puts it: the arena aligned to a 1 MiB page (a
+    // gigabyte's alignment would ask for a gigabyte more for a moment), its
+    // tables below it where they are free.
+    let Ok(arena) = canopy_sys::reserve_aligned(first << UNIT_SHIFT, PAGE) else {
+        return false;
+    };
+    let base = arena as usize;
+    // SAFETY: the arena part was just reserved; map_units maps the tables
+    // (and the arena part again, which the first piece refuses, so release
+    // it first and map all three together).
+    unsafe { canopy_sys::release(arena, first << UNIT_SHIFT) };
+    if base < (2 << 30) || map_units(base, 0, first).is_err() {
+        return false;
+    }
+    start_growing(base, first, cap)
+}
+
+fn start_growing(base: usize, units: usize, cap: usize) -> bool {
+    if ARENA_HUGE.load(Ordering::Relaxed) != 0 {
+        // SAFETY: base..base+units is ours.
+        unsafe { canopy_sys::advise_huge(base as *mut u8, units << UNIT_SHIFT) };
+    }
+    GROWING.store(1, Ordering::Relaxed);
+    ARENA_UNITS.store(units, Ordering::Relaxed);
+    ARENA_CAP.store(cap, Ordering::Relaxed);
+    FAST_KEYS.limit.store(units << UNIT_SHIFT, Ordering::Relaxed);
+    // Release: a thread that sees the base also sees the units.
+    FAST_KEYS.base.store(base, Ordering::Release);
+    true
+}
+
+/// Map units `[from, to)` of an arena at `base`: the units, then the pages
+/// of their descriptors and bitmap words that units below `from` have not
+/// already mapped.  Every piece is mapped where nothing is
+/// (`MAP_FIXED_NOREPLACE`); if one is refused, the pieces mapped here are
+/// given back and the error returned.
+fn map_units(base: usize, from: usize, to: usize) -> Result<(), canopy_sys::OsError> {
+    let page = |a: usize| a & !4095;
+    let page_up = |a: usize| (a + 4095) & !4095;
+    let table = base - TABLE_OFFSET;
+    let bitmap = base - BITMAP_OFFSET;
+    let pieces = [
+        (base + (from << UNIT_SHIFT), base + (to << UNIT_SHIFT)),
+        (
+            if from == 0 { page(table) } else { page_up(table + from * core::mem::size_of::<Desc>()) },
+            page_up(table + to * core::mem::size_of::<Desc>()),
+        ),
+        (
+            if from == 0 { page(bitmap) } else { page_up(bitmap + from * BITMAP_STRIDE) },
+            page_up(bitmap + to * BITMAP_STRIDE),
+        ),
+    ];
+    for (i, &(a, b)) in pieces.iter().enumerate() {
+        if b <= a {
+            continue;
+        }
+        if let Err(e) = canopy_sys::reserve_fixed(a, b - a) {
+            for &(a2, b2) in &pieces[..i] {
+                if b2 > a2 {
+                    // SAFETY: mapped just above by this call, unused yet.
+                    unsafe { canopy_sys::release(a2 as *mut u8, b2 - a2) };
+                }
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Make the arena at least `units` units long, if it grows and may (its
+/// cap, the OS): by a quarter (at least 1 MiB, at most
+/// [`GROW_MAX_STEP_UNITS`]), or by just what is asked (in whole 1 MiB
+/// pages) when that is more or the OS refuses more.  Units once mapped stay
+/// mapped (their pages are given back by the retain policy, their
+/// addresses are not).
+/// Returns whether the arena now has `units` units.  Called by the global
+/// heap, which alone hands out fresh units (under its lock, or as the solo
+/// thread).  The units, descriptors and bitmap words are mapped before the
+/// new length is published, so any thread that is handed a pointer into
+/// them (after this, through the program's own synchronisation) finds them
+/// in range.
+pub(crate) fn grow_to(units: usize) -> bool {
+    let cur = ARENA_UNITS.load(Ordering::Relaxed);
+    if units <= cur {
+        return true;
+    }
+    let cap = ARENA_CAP.load(Ordering::Relaxed);
+    if GROWING.load(Ordering::Relaxed) == 0 || units > cap {
+        return false;
+    }
+    let base = arena_base();
+    let exact = ((units + PAGE_UNITS - 1) & !(PAGE_UNITS - 1)).min(cap);
+    let wide = (cur + ((cur / 4) & !(PAGE_UNITS - 1)).clamp(PAGE_UNITS, GROW_MAX_STEP_UNITS)).max(exact).min(cap);
+    let to = if map_units(base, cur, wide).is_ok() {
+        wide
+    } else if wide != exact && map_units(base, cur, exact).is_ok() {
+        exact
+    } else {
+        return false;
+    };
+    if ARENA_HUGE.load(Ordering::Relaxed) != 0 {
+        // SAFETY: the units just mapped are ours.
+        unsafe { canopy_sys::advise_huge((base + (cur << UNIT_SHIFT)) as *mut u8, (to - cur) << UNIT_SHIFT) };
+    }
+    ARENA_UNITS.store(to, Ordering::Release);
+    FAST_KEYS.limit.store(to << UNIT_SHIFT, Ordering::Release);
+    true
 }
 
 /// The whole pages around a table of `len` bytes that starts `skew` bytes

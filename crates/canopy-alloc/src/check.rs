@@ -15,9 +15,11 @@ use core::ptr;
 const WORDS_PER_UNIT: usize = UNIT / 16 / 64;
 static BITS: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
 
-/// Reserve the bitmap table.  Returns false if the OS refuses.
+/// Reserve the bitmap table, for every unit the arena may ever have
+/// (`arena::arena_cap`: all of `MAX_UNITS` when reserved whole, its cap
+/// when it grows).  Returns false if the OS refuses.
 pub(crate) fn init() -> bool {
-    let bytes = MAX_UNITS * WORDS_PER_UNIT * 8;
+    let bytes = arena::arena_cap().min(MAX_UNITS) * WORDS_PER_UNIT * 8;
     match canopy_sys::reserve_aligned(bytes, 4096) {
         Ok(p) => {
             BITS.store(p as *mut AtomicU64, Ordering::Release);
@@ -28,7 +30,8 @@ pub(crate) fn init() -> bool {
 }
 
 fn words(d: *const Desc) -> *mut AtomicU64 {
-    // SAFETY: the table has WORDS_PER_UNIT words for each of MAX_UNITS units.
+    // SAFETY: the table has WORDS_PER_UNIT words for each unit the arena
+    // may have, and d describes one of them.
     unsafe { BITS.load(Ordering::Acquire).add(desc_index(d) * WORDS_PER_UNIT) }
 }
 

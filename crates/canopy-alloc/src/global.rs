@@ -301,7 +301,7 @@ impl GlobalState {
         }
         // Then fresh units from the top of the arena.
         let at = (self.top + align - 1) & !(align - 1);
-        if at + n > arena::arena_units() {
+        if at + n > arena::arena_units() && !arena::grow_to(at + n) {
             return None;
         }
         if at > self.top {
@@ -318,7 +318,7 @@ impl GlobalState {
         let end = idx + old;
         let need = new - old;
         if end == self.top {
-            if idx + new > arena::arena_units() {
+            if idx + new > arena::arena_units() && !arena::grow_to(idx + new) {
                 return false;
             }
             self.top = idx + new;

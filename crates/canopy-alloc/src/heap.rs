@@ -1526,10 +1526,10 @@ impl Heap {
                 return Err("a kept list holds more blocks than its cap");
             }
             let idx = arena::unit_index(b as usize);
-            if idx >= arena::MAX_UNITS {
+            if idx >= arena::arena_units() {
                 return Err("a kept block lies outside the arena");
             }
-            // SAFETY: idx < MAX_UNITS; a kept block is dead and ours to read.
+            // SAFETY: idx < arena_units(); a kept block is dead and ours to read.
             unsafe {
                 let d = desc(idx);
                 if (*d).kind != kind::SMALL || (*d).class as usize != c {

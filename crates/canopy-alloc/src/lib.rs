@@ -423,7 +423,8 @@ pub fn alloc_zeroed(size: usize) -> *mut u8 {
 
 /// Allocate `size` bytes aligned to `align` (a power of two).  Null if
 /// `align` is not a power of two, is above the arena's own alignment
-/// (1 GiB, [`arena::ARENA_ALIGN`]), or memory is exhausted.
+/// (1 GiB, [`arena::ARENA_ALIGN`]; at least 1 MiB where the kernel placed
+/// an arena that grows, [`arena::base_align`]), or memory is exhausted.
 pub fn alloc_aligned(size: usize, align: usize) -> *mut u8 {
     alloc_aligned_inner(size, align, false)
 }
@@ -448,6 +449,9 @@ fn alloc_aligned_inner(size: usize, align: usize, zero: bool) -> *mut u8 {
             unsafe { ptr::write_bytes(p, 0, size) };
         }
         return p;
+    }
+    if align > UNIT && (!thread::ensure_init() || align > arena::base_align()) {
+        return ptr::null_mut();
     }
     let (p, zeroed) = alloc_large(size.max(1), (align >> UNIT_SHIFT).max(1));
     if zero && !zeroed && !p.is_null() {
@@ -550,12 +554,13 @@ const HINT_CLASS: usize = 1 << 63;
 #[inline(always)]
 unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
     let base = arena::arena_base();
-    let idx = (p as usize).wrapping_sub(base) >> UNIT_SHIFT;
-    if idx & !(MAX_UNITS - 1) == 0 {
-        // SAFETY: idx < MAX_UNITS, so d is inside the descriptor table, which
-        // lies TABLE_OFFSET below the arena base.  When `owner` is this
-        // thread, the slab belongs to this thread's heap and only this thread
-        // touches its bitmap and counters.
+    let off = (p as usize).wrapping_sub(base);
+    if off < arena::arena_limit() {
+        let idx = off >> UNIT_SHIFT;
+        // SAFETY: idx < arena_units(), so d is a mapped descriptor of the
+        // table, which lies TABLE_OFFSET below the arena base.  When `owner`
+        // is this thread, the slab belongs to this thread's heap and only
+        // this thread touches its bitmap and counters.
         unsafe {
             // idx * 64 locates both the descriptor (64 bytes) and the
             // slab's bitmap words (64 per unit).
@@ -610,14 +615,14 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
 #[inline(never)]
 unsafe fn free_elsewhere(p: *mut u8, call: &'static str, expected: usize) {
     let base = arena::arena_base();
-    let idx = (p as usize).wrapping_sub(base) >> UNIT_SHIFT;
-    // SAFETY: idx & (MAX_UNITS - 1) < MAX_UNITS, so the descriptor is inside
-    // the table (read only when idx itself is); a SMALL unit's slot test
-    // does not change while a block of it is live, and p is written only
-    // once it is known to start a live slot.
+    let off = (p as usize).wrapping_sub(base);
+    // SAFETY: the descriptor is read only for a unit below the arena's
+    // limit, whose descriptor is mapped; a SMALL unit's slot test does not
+    // change while a block of it is live, and p is written only once it is
+    // known to start a live slot.
     unsafe {
-        let d = arena::desc_at(base, idx & (MAX_UNITS - 1));
-        if idx < MAX_UNITS && (*d).kind == arena::kind::SMALL {
+        let d = arena::desc_at(base, off >> UNIT_SHIFT);
+        if off < arena::arena_limit() && (*d).kind == arena::kind::SMALL {
             let off = (p as usize & (UNIT - 1)) as u32;
             if slab::locate_small((*d).divc, (*d).limit, off).is_some() {
                 let key = flight_tag();

@@ -8,8 +8,18 @@ use crate::heap::Heap;
 use canopy_sync::prim::{AtomicUsize, Ordering};
 
 const META_BYTES: usize = 1 << 30;
+/// The area's size where the arena grows (`arena::arena_grows`): under a
+/// limit on address space every reserved byte counts, so the area is
+/// reserved in pieces of this size (1 MiB, or eight heaps if more) as heaps
+/// need them.
+const META_PIECE: usize = if 8 * heap_stride() > 1 << 20 { 8 * heap_stride() } else { 1 << 20 };
+/// The first area's start (the first heap's page).
 static BASE: AtomicUsize = AtomicUsize::new(0);
+/// Where the next heap goes, and the end of the piece it is cut from.
 static NEXT: AtomicUsize = AtomicUsize::new(0);
+static END: AtomicUsize = AtomicUsize::new(0);
+/// Bytes handed out, over all pieces.
+static USED: AtomicUsize = AtomicUsize::new(0);
 
 /// Pages between a gigabyte boundary and the metadata area, so that the
 /// pages of the first heaps have known virtual address bits 12 to 27: the
@@ -27,23 +37,35 @@ pub(crate) const META_PAGES: usize = 0x1E10;
 /// boundary (the pages before it are given back at once).  Aligning asks
 /// the OS for another gigabyte of address space for a moment; where a limit
 /// on address space (`ulimit -v`) refuses that, the area goes wherever the
-/// OS puts it, as before the placement mattered.
+/// OS puts it, as before the placement mattered.  Where the arena grows,
+/// the area is a [`META_PIECE`] at the same page offset past the gigabyte
+/// three below the arena (free: the arena was put where nothing is), or
+/// wherever the OS puts it, and grows by pieces ([`alloc_heap`]).
 pub(crate) fn init() -> bool {
     let skew = META_PAGES << 12;
-    let base = match canopy_sys::reserve_aligned(skew + META_BYTES, 1 << 30) {
-        Ok(p) => {
-            // SAFETY: [p, p + skew) is part of the reservation just made and
-            // nothing else refers to it.
-            unsafe { canopy_sys::release(p, skew) };
-            p as usize + skew
-        }
-        Err(_) => match canopy_sys::reserve_aligned(META_BYTES, 4096) {
-            Ok(p) => p as usize,
+    let (base, len) = if crate::arena::arena_grows() {
+        let near = (crate::arena::arena_base() & !(crate::arena::ARENA_ALIGN - 1)).wrapping_sub(3 << 30) + skew;
+        match canopy_sys::reserve_fixed(near, META_PIECE).or_else(|_| canopy_sys::reserve_aligned(META_PIECE, 4096)) {
+            Ok(p) => (p as usize, META_PIECE),
             Err(_) => return false,
-        },
+        }
+    } else {
+        match canopy_sys::reserve_aligned(skew + META_BYTES, 1 << 30) {
+            Ok(p) => {
+                // SAFETY: [p, p + skew) is part of the reservation just made and
+                // nothing else refers to it.
+                unsafe { canopy_sys::release(p, skew) };
+                (p as usize + skew, META_BYTES)
+            }
+            Err(_) => match canopy_sys::reserve_aligned(META_BYTES, 4096) {
+                Ok(p) => (p as usize, META_BYTES),
+                Err(_) => return false,
+            },
+        }
     };
     BASE.store(base, Ordering::Relaxed);
     NEXT.store(base, Ordering::Relaxed);
+    END.store(base + len, Ordering::Relaxed);
     true
 }
 
@@ -71,18 +93,30 @@ pub(crate) const fn heap_stride() -> usize {
 const HEAP_PAGE_OFFSET: usize = 1920;
 const _: () = assert!(HEAP_PAGE_OFFSET % core::mem::align_of::<Heap>() == 0);
 
-/// Room for one heap, or null when the area is exhausted.
+/// Room for one heap, or null when the area is exhausted (and, where the
+/// arena grows, the OS refuses another piece).
 pub(crate) fn alloc_heap() -> *mut Heap {
     let size = heap_stride();
-    let at = NEXT.load(Ordering::Relaxed);
-    if at + size > BASE.load(Ordering::Relaxed) + META_BYTES {
-        return core::ptr::null_mut();
+    let mut at = NEXT.load(Ordering::Relaxed);
+    if at + size > END.load(Ordering::Relaxed) {
+        if !crate::arena::arena_grows() {
+            return core::ptr::null_mut();
+        }
+        let len = META_PIECE.max(size);
+        match canopy_sys::reserve_aligned(len, 4096) {
+            Ok(p) => {
+                at = p as usize;
+                END.store(at + len, Ordering::Relaxed);
+            }
+            Err(_) => return core::ptr::null_mut(),
+        }
     }
     NEXT.store(at + size, Ordering::Relaxed);
+    USED.fetch_add(size, Ordering::Relaxed);
     (at + HEAP_PAGE_OFFSET) as *mut Heap
 }
 
 /// Bytes of metadata handed out.
 pub(crate) fn used() -> usize {
-    NEXT.load(Ordering::Relaxed) - BASE.load(Ordering::Relaxed)
+    USED.load(Ordering::Relaxed)
 }

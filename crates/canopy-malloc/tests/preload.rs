@@ -329,6 +329,26 @@ fn exhaustion_is_null_and_enomem() {
     }
 }
 
+/// Under `ulimit -v` (a 512 MiB `RLIMIT_AS` the program sets before it runs
+/// itself again) the arena starts small and grows: 300 MiB of blocks of
+/// every kind and four threads freeing across threads work, exhaustion is
+/// NULL and ENOMEM, and frees of pointers above the grown arena (inside
+/// what a whole arena would span) and among its tables are refused, not a
+/// crash.  Before the arena could grow, no allocation worked under a limit
+/// below about 4.4 GB.
+#[test]
+fn address_space_limit_grows_the_arena() {
+    let exe = compile("aslimit");
+    for check in [false, true] {
+        let out = run(&mut Command::new(&exe), check);
+        expect_ok(&out, "aslimit ok", &format!("aslimit (check={check})"));
+        if !check {
+            let err = text(&out.stderr);
+            assert_eq!(err.matches("pointer was not allocated by Canopy; the free was refused").count(), 2, "stderr: {err}");
+        }
+    }
+}
+
 #[test]
 fn verbose_mode_prints_statistics_at_exit() {
     let exe = compile("api");

@@ -128,6 +128,19 @@ pub fn reserve_fixed(base: usize, size: usize) -> Result<*mut u8, OsError> {
     Ok(p as *mut u8)
 }
 
+/// The process's limit on address space (`RLIMIT_AS`, what `ulimit -v`
+/// sets) in bytes, or `None` when there is none.  Every mapping counts
+/// against it, reserved or touched: an allocator that reserves its address
+/// space up front must reserve less, and grow, under such a limit.
+pub fn address_space_limit() -> Option<usize> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: r is a valid out-pointer for getrlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) } != 0 || r.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    Some(usize::try_from(r.rlim_cur).unwrap_or(usize::MAX))
+}
+
 /// Hint that `[p, p+len)` will be used soon.
 ///
 /// # Safety
@@ -399,6 +412,35 @@ mod tests {
             assert_eq!(p.read(), 0, "decommitted memory reads as zero");
             release(p, 4 << 20);
         }
+    }
+
+    #[test]
+    fn address_space_limit_reads_what_ulimit_sets() {
+        // In a child, so the test process keeps its own limit.  The child
+        // only makes system calls before _exit.
+        // SAFETY: fork; the child calls async-signal-safe functions only.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let want: usize = 3 << 30;
+            let r = libc::rlimit { rlim_cur: want as libc::rlim_t, rlim_max: libc::RLIM_INFINITY };
+            // SAFETY: r is a valid rlimit.
+            let set = unsafe { libc::setrlimit(libc::RLIMIT_AS, &r) } == 0;
+            let code = if !set {
+                2
+            } else if address_space_limit() == Some(want) {
+                0
+            } else {
+                1
+            };
+            // SAFETY: leaves the child without running the parent's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: pid is our child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status));
+        assert_eq!(libc::WEXITSTATUS(status), 0, "the child read another limit (2: setrlimit failed)");
     }
 
     #[test]
