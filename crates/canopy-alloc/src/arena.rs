@@ -1,6 +1,8 @@
 //! The address space and its descriptor table.
 //!
-//! Canopy reserves one contiguous *arena* when it starts.  The arena is cut
+//! Canopy reserves one contiguous *arena* when it starts (under a limit on
+//! address space it maps a small one and grows it in place, see
+//! [`init_arena`] and [`grow_to`]).  The arena is cut
 //! into 64 KiB *units*; a unit is a small-object slab, part of a 1 MiB page
 //! of a thread's local heap, part of a large chunk, or free.  Every unit has a
 //! 64-byte [`Desc`] in a separate *descriptor table*, so (as in Myrmics) no
@@ -257,8 +259,9 @@ const _: () = assert!(BITMAP_STRIDE == 64 * 8); // the free fast path indexes wo
 /// What `ARENA_BASE` holds until the arena is reserved: the base of a
 /// would-be arena at the very top of the address space (kernel addresses, no
 /// program's pointer), so that `p - base` of every pointer a program can
-/// pass, null included, is at least `MAX_UNITS` units and the fast paths'
-/// one range check sends it to the slow path.  (With 0 there, a `free(NULL)`
+/// pass, null included, is at least `MAX_UNITS` units.  (The fast paths'
+/// range check compares with [`FastKeys::limit`], which is 0 until then, so
+/// every pointer goes to the slow path before the arena exists either way.)  (With 0 there, a `free(NULL)`
 /// made before the first allocation, as `sort` makes in `setlocale`, was in
 /// range and read a descriptor below address 0.)
 pub const UNINIT_BASE: usize = 0usize.wrapping_sub(MAX_UNITS << UNIT_SHIFT);

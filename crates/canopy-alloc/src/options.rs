@@ -4,7 +4,7 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `CANOPY_CHECK` | 0 (1 in debug builds) | check mode: every free is validated precisely; a double free or a foreign pointer is reported with the pointer and the call, then the process aborts |
-//! | `CANOPY_ARENA_GB` | 128 | address space reserved for the heap (GiB); halved until the OS grants it |
+//! | `CANOPY_ARENA_GB` | 128 | address space reserved for the heap (GiB); halved until the OS grants it; under a limit on address space (`ulimit -v`) the most the arena grows to, with the limit |
 //! | `CANOPY_RETAIN_MB` | 64 | free memory the global heap keeps committed; what is above it for `CANOPY_DECAY_MS` is decommitted (largest spans first) down to half of it |
 //! | `CANOPY_DECAY_MS` | 1000 | how long free memory may stay above `CANOPY_RETAIN_MB` before it is decommitted (0: at once); a program that frees and allocates the same memory again within that time keeps it committed |
 //! | `CANOPY_HEAP_RETAIN_PAGES` | 2 | fully free 1 MiB pages a thread heap keeps before giving them back to the global heap |
