@@ -54,7 +54,10 @@ static void *worker(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        struct rlimit r = {LIMIT, RLIM_INFINITY};
+        struct rlimit r;
+        CHECK(getrlimit(RLIMIT_AS, &r) == 0);
+        CHECK(r.rlim_max == RLIM_INFINITY || r.rlim_max >= LIMIT); /* the hard limit stays */
+        r.rlim_cur = LIMIT;
         CHECK(setrlimit(RLIMIT_AS, &r) == 0);
         execv("/proc/self/exe", (char *[]){argv[0], "limited", NULL});
         perror("execv");
