@@ -2,7 +2,7 @@
 //!
 //! Canopy reserves one contiguous *arena* when it starts (under a limit on
 //! address space it maps a small one and grows it in place, see
-//! [`init_arena`] and [`grow_to`]).  The arena is cut
+//! `init_arena` and `grow_to`).  The arena is cut
 //! into 64 KiB *units*; a unit is a small-object slab, part of a 1 MiB page
 //! of a thread's local heap, part of a large chunk, or free.  Every unit has a
 //! 64-byte [`Desc`] in a separate *descriptor table*, so (as in Myrmics) no
@@ -260,7 +260,7 @@ const _: () = assert!(BITMAP_STRIDE == 64 * 8); // the free fast path indexes wo
 /// would-be arena at the very top of the address space (kernel addresses, no
 /// program's pointer), so that `p - base` of every pointer a program can
 /// pass, null included, is at least `MAX_UNITS` units.  (The fast paths'
-/// range check compares with [`FastKeys::limit`], which is 0 until then, so
+/// range check compares with `FastKeys::limit`, which is 0 until then, so
 /// every pointer goes to the slow path before the arena exists either way.)  (With 0 there, a `free(NULL)`
 /// made before the first allocation, as `sort` makes in `setlocale`, was in
 /// range and read a descriptor below address 0.)
@@ -351,7 +351,8 @@ pub fn arena_base() -> usize {
     FAST_KEYS.base.load(Ordering::Relaxed)
 }
 
-/// Bytes of the arena mapped (see [`FastKeys::limit`]).
+/// Bytes of the arena mapped (`FastKeys::limit`): `p` is in the arena
+/// exactly when `p - arena_base() < arena_limit()`.
 #[inline(always)]
 pub fn arena_limit() -> usize {
     FAST_KEYS.limit.load(Ordering::Relaxed)
