@@ -2,7 +2,7 @@
 //!
 //! Canopy reserves one contiguous *arena* when it starts (under a limit on
 //! address space it maps a small one and grows it in place, see
-//! `init_arena` and `grow_to`).  The arena is cut
+//! `init_arena` and `ensure_mapped`).  The arena is cut
 //! into 64 KiB *units*; a unit is a small-object slab, part of a 1 MiB page
 //! of a thread's local heap, part of a large chunk, or free.  Every unit has a
 //! 64-byte [`Desc`] in a separate *descriptor table*, so (as in Myrmics) no
@@ -301,7 +301,12 @@ pub(crate) static FAST_KEYS: FastKeys = FastKeys {
 };
 /// Units reserved in the arena.
 pub(crate) static ARENA_UNITS: AtomicUsize = AtomicUsize::new(0);
-/// Units the arena may grow to (see [`grow_to`]); equal to
+/// Units whose memory is mapped: always `[0, MAPPED_UNITS)`, at most
+/// [`ARENA_UNITS`] (whose descriptors and bitmap words are mapped).  Equal
+/// to it unless the global heap gave the top of an arena that grows back to
+/// the OS ([`unmap_from`]); [`ensure_mapped`] maps units again.
+static MAPPED_UNITS: AtomicUsize = AtomicUsize::new(0);
+/// Units the arena may grow to (see [`ensure_mapped`]); equal to
 /// [`ARENA_UNITS`] when it was reserved whole.
 static ARENA_CAP: AtomicUsize = AtomicUsize::new(0);
 /// 1 if `madvise(MADV_HUGEPAGE)` is asked for the arena (also for what it
@@ -408,7 +413,7 @@ pub fn arena_units() -> usize {
 /// the arena is reserved whole (`CANOPY_ARENA_GB`, halved until the OS
 /// grants it: [`init_whole`]); under a limit (`ulimit -v`), or where even
 /// 1 GiB is refused, it starts small and grows as the global heap needs
-/// units ([`init_growing`], [`grow_to`]).  Called once, under the init
+/// units ([`init_growing`], [`ensure_mapped`]).  Called once, under the init
 /// lock.  Returns false if the OS refuses both.
 pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
     let gb = arena_gb.clamp(1, (MAX_UNITS * UNIT) >> 30);
@@ -470,6 +475,7 @@ fn init_whole(mut gb: usize, huge: bool) -> bool {
                 }
                 let units = (gb << 30) >> UNIT_SHIFT;
                 ARENA_UNITS.store(units, Ordering::Relaxed);
+                MAPPED_UNITS.store(units, Ordering::Relaxed);
                 ARENA_CAP.store(units, Ordering::Relaxed);
                 FAST_KEYS.limit.store(units << UNIT_SHIFT, Ordering::Relaxed);
                 // Release: a thread that sees the base also sees the units.
@@ -510,7 +516,7 @@ fn init_growing(cap_bytes: usize) -> bool {
         x ^= x >> 7;
         x ^= x << 17;
         let base = GROW_HINT_FROM + (x % GROW_HINT_GIBS) * ARENA_ALIGN;
-        if map_units(base, 0, first).is_ok() {
+        if map_units(base, 0, 0, first).is_ok() {
             return start_growing(base, first, cap);
         }
     }
@@ -525,7 +531,7 @@ fn init_growing(cap_bytes: usize) -> bool {
     // (and the arena part again, which the first piece refuses, so release
     // it first and map all three together).
     unsafe { canopy_sys::release(arena, first << UNIT_SHIFT) };
-    if base < (2 << 30) || map_units(base, 0, first).is_err() {
+    if base < (2 << 30) || map_units(base, 0, 0, first).is_err() {
         return false;
     }
     start_growing(base, first, cap)
@@ -538,6 +544,7 @@ fn start_growing(base: usize, units: usize, cap: usize) -> bool {
     }
     GROWING.store(1, Ordering::Relaxed);
     ARENA_UNITS.store(units, Ordering::Relaxed);
+    MAPPED_UNITS.store(units, Ordering::Relaxed);
     ARENA_CAP.store(cap, Ordering::Relaxed);
     FAST_KEYS.limit.store(units << UNIT_SHIFT, Ordering::Relaxed);
     // Release: a thread that sees the base also sees the units.
@@ -545,24 +552,24 @@ fn start_growing(base: usize, units: usize, cap: usize) -> bool {
     true
 }
 
-/// Map units `[from, to)` of an arena at `base`: the units, then the pages
-/// of their descriptors and bitmap words that units below `from` have not
-/// already mapped.  Every piece is mapped where nothing is
-/// (`MAP_FIXED_NOREPLACE`); if one is refused, the pieces mapped here are
-/// given back and the error returned.
-fn map_units(base: usize, from: usize, to: usize) -> Result<(), canopy_sys::OsError> {
+/// Map, for an arena at `base`, the memory of units `[mapped, to)` and the
+/// pages of the descriptors and bitmap words of units `[tables, to)` that
+/// units below `tables` have not already mapped.  Every piece is mapped
+/// where nothing is (`MAP_FIXED_NOREPLACE`); if one is refused, the pieces
+/// mapped here are given back and the error returned.
+fn map_units(base: usize, mapped: usize, tables: usize, to: usize) -> Result<(), canopy_sys::OsError> {
     let page = |a: usize| a & !4095;
     let page_up = |a: usize| (a + 4095) & !4095;
     let table = base - TABLE_OFFSET;
     let bitmap = base - BITMAP_OFFSET;
     let pieces = [
-        (base + (from << UNIT_SHIFT), base + (to << UNIT_SHIFT)),
+        (base + (mapped << UNIT_SHIFT), base + (to << UNIT_SHIFT)),
         (
-            if from == 0 { page(table) } else { page_up(table + from * core::mem::size_of::<Desc>()) },
+            if tables == 0 { page(table) } else { page_up(table + tables * core::mem::size_of::<Desc>()) },
             page_up(table + to * core::mem::size_of::<Desc>()),
         ),
         (
-            if from == 0 { page(bitmap) } else { page_up(bitmap + from * BITMAP_STRIDE) },
+            if tables == 0 { page(bitmap) } else { page_up(bitmap + tables * BITMAP_STRIDE) },
             page_up(bitmap + to * BITMAP_STRIDE),
         ),
     ];
@@ -583,21 +590,25 @@ fn map_units(base: usize, from: usize, to: usize) -> Result<(), canopy_sys::OsEr
     Ok(())
 }
 
-/// Make the arena at least `units` units long, if it grows and may (its
-/// cap, the OS): by a quarter (at least 1 MiB, at most
-/// [`GROW_MAX_STEP_UNITS`]), or by just what is asked (in whole 1 MiB
-/// pages) when that is more or the OS refuses more.  Units once mapped stay
-/// mapped (their pages are given back by the retain policy, their
-/// addresses are not).
-/// Returns whether the arena now has `units` units.  Called by the global
-/// heap, which alone hands out fresh units (under its lock, or as the solo
-/// thread).  The units, descriptors and bitmap words are mapped before the
-/// new length is published, so any thread that is handed a pointer into
-/// them (after this, through the program's own synchronisation) finds them
-/// in range.
-pub(crate) fn grow_to(units: usize) -> bool {
-    let cur = ARENA_UNITS.load(Ordering::Relaxed);
-    if units <= cur {
+/// Units whose memory is mapped (`[0, mapped_units())`).
+pub fn mapped_units() -> usize {
+    MAPPED_UNITS.load(Ordering::Relaxed)
+}
+
+/// Make the memory of units `[0, units)` mapped, if the arena grows and
+/// may (its cap, the OS).  Units the global heap gave back
+/// ([`unmap_from`]) are mapped again as far as asked (in whole 1 MiB
+/// pages).  Past the units that have descriptors the arena grows: by a
+/// quarter (at least 1 MiB, at most [`GROW_MAX_STEP_UNITS`]), or by just
+/// what is asked when that is more or the OS refuses more.  Returns whether
+/// `[0, units)` is now mapped.  Called by the global heap, which alone
+/// hands out fresh units (under its lock, or as the solo thread).  Units,
+/// descriptors and bitmap words are mapped before the new length is
+/// published, so any thread that is handed a pointer into them (after
+/// this, through the program's own synchronisation) finds them in range.
+pub(crate) fn ensure_mapped(units: usize) -> bool {
+    let mapped = MAPPED_UNITS.load(Ordering::Relaxed);
+    if units <= mapped {
         return true;
     }
     let cap = ARENA_CAP.load(Ordering::Relaxed);
@@ -605,21 +616,61 @@ pub(crate) fn grow_to(units: usize) -> bool {
         return false;
     }
     let base = arena_base();
+    let cur = ARENA_UNITS.load(Ordering::Relaxed);
     let exact = ((units + PAGE_UNITS - 1) & !(PAGE_UNITS - 1)).min(cap);
+    if exact <= cur {
+        if map_units(base, mapped, cur, exact).is_err() {
+            return false;
+        }
+        advise_huge_units(base, mapped, exact);
+        MAPPED_UNITS.store(exact, Ordering::Relaxed);
+        return true;
+    }
     let wide = (cur + ((cur / 4) & !(PAGE_UNITS - 1)).clamp(PAGE_UNITS, GROW_MAX_STEP_UNITS)).max(exact).min(cap);
-    let to = if map_units(base, cur, wide).is_ok() {
+    let to = if map_units(base, mapped, cur, wide).is_ok() {
         wide
-    } else if wide != exact && map_units(base, cur, exact).is_ok() {
+    } else if wide != exact && map_units(base, mapped, cur, exact).is_ok() {
         exact
     } else {
         return false;
     };
-    if ARENA_HUGE.load(Ordering::Relaxed) != 0 {
-        // SAFETY: the units just mapped are ours.
-        unsafe { canopy_sys::advise_huge((base + (cur << UNIT_SHIFT)) as *mut u8, (to - cur) << UNIT_SHIFT) };
-    }
+    advise_huge_units(base, mapped, to);
+    MAPPED_UNITS.store(to, Ordering::Relaxed);
     ARENA_UNITS.store(to, Ordering::Release);
     FAST_KEYS.limit.store(to << UNIT_SHIFT, Ordering::Release);
+    true
+}
+
+fn advise_huge_units(base: usize, from: usize, to: usize) {
+    if ARENA_HUGE.load(Ordering::Relaxed) != 0 && to > from {
+        // SAFETY: the units were just mapped by us.
+        unsafe { canopy_sys::advise_huge((base + (from << UNIT_SHIFT)) as *mut u8, (to - from) << UNIT_SHIFT) };
+    }
+}
+
+/// Give the memory of units `[at, mapped_units())` back to the OS, addresses
+/// included, in an arena that grows: the global heap does this with a free
+/// span at the top of what it has handed out, so that under a limit on
+/// address space a heap that shrinks after a peak leaves the addresses to
+/// the program's other mappings.  The units keep their descriptors (the
+/// range check and every descriptor read stay valid: a stale pointer into
+/// them is refused as before); [`ensure_mapped`] maps them again.  Returns
+/// false (nothing done) for an arena reserved whole.
+///
+/// # Safety
+/// The units `[at, mapped_units())` hold nothing anyone uses: they are above
+/// the global heap's top, or a free span ending there.
+pub(crate) unsafe fn unmap_from(at: usize) -> bool {
+    let mapped = MAPPED_UNITS.load(Ordering::Relaxed);
+    if GROWING.load(Ordering::Relaxed) == 0 || at >= mapped {
+        return false;
+    }
+    let from = arena_base() + (at << UNIT_SHIFT);
+    // SAFETY: the caller's contract; munmap of a part of our own mapping.
+    if unsafe { libc::munmap(from as *mut libc::c_void, (mapped - at) << UNIT_SHIFT) } != 0 {
+        return false;
+    }
+    MAPPED_UNITS.store(at, Ordering::Relaxed);
     true
 }
 

@@ -301,7 +301,7 @@ impl GlobalState {
         }
         // Then fresh units from the top of the arena.
         let at = (self.top + align - 1) & !(align - 1);
-        if at + n > arena::arena_units() && !arena::grow_to(at + n) {
+        if at + n > arena::mapped_units() && !arena::ensure_mapped(at + n) {
             return None;
         }
         if at > self.top {
@@ -318,7 +318,7 @@ impl GlobalState {
         let end = idx + old;
         let need = new - old;
         if end == self.top {
-            if idx + new > arena::arena_units() && !arena::grow_to(idx + new) {
+            if idx + new > arena::mapped_units() && !arena::ensure_mapped(idx + new) {
                 return false;
             }
             self.top = idx + new;
@@ -447,6 +447,61 @@ impl GlobalState {
         self.over_since_ms = 0;
     }
 
+    /// In an arena that grows (under a limit on address space), give the
+    /// free span that ends at `top` back to the OS, addresses included
+    /// (`arena::unmap_from`), and lower `top` to its start: its units become
+    /// fresh again, mapped anew when they are next handed out
+    /// (`arena::ensure_mapped`).  Without this, the addresses a heap's peak
+    /// took stayed reserved for good, and a program under `ulimit -v` could
+    /// not map, say, thread stacks after its heap shrank.  Returns the bytes
+    /// of memory given back (the span's committed units).
+    ///
+    /// # Safety
+    /// The caller holds the global lock.
+    unsafe fn unmap_top(&mut self) -> usize {
+        if !arena::arena_grows() || self.top == 0 {
+            return 0;
+        }
+        // SAFETY: top - 1 is an arena unit below top; its kind says whether
+        // it ends a free span, whose head its `next` then points at.
+        unsafe {
+            let last = desc(self.top - 1);
+            let head = match (*last).kind {
+                kind::FREE_SPAN => last,
+                kind::FREE_BODY => (*last).next,
+                _ => return 0,
+            };
+            let s = desc_index(head);
+            let n = (*head).a as usize;
+            debug_assert_eq!(s + n, self.top);
+            let dirty = (*head).spare as usize;
+            self.unlink_free(head);
+            // SAFETY: the span is free and taken out of its bin, and the
+            // units above top were never handed out since they were mapped.
+            if !arena::unmap_from(s) {
+                self.link_free(s, n, dirty);
+                return 0;
+            }
+            for k in s..self.top {
+                // Fresh units: what a unit never handed out carries.
+                let d = desc(k);
+                (*d).owner.store(0, core::sync::atomic::Ordering::Relaxed);
+                (*d).heap.store(ptr::null_mut(), core::sync::atomic::Ordering::Relaxed);
+                (*d).kind = kind::NONE;
+                (*d).flags = 0;
+                (*d).limit = 0;
+                (*d).spare = 0;
+                (*d).a = 0;
+                (*d).next = ptr::null_mut();
+                (*d).prev = ptr::null_mut();
+            }
+            self.top = s;
+            self.stats.bytes_decommitted += (dirty << UNIT_SHIFT) as u64;
+            self.stats.decommits += 1;
+            dirty << UNIT_SHIFT
+        }
+    }
+
     /// Decommit every free span that may hold memory (`collect`).  Nothing
     /// committed is left free, so a decommit delay that was running stops.
     ///
@@ -470,7 +525,8 @@ impl GlobalState {
     /// Decommit free spans, largest bins first, until at most `keep` bytes of
     /// committed free memory remain.  Returns bytes decommitted.
     pub(crate) unsafe fn decommit_down_to(&mut self, keep: usize) -> usize {
-        let mut done = 0;
+        // SAFETY: forwarded (the lock is held).
+        let mut done = unsafe { self.unmap_top() };
         let mut b = BINS;
         while b > 0 && self.free_committed_units * UNIT > keep {
             b -= 1;

@@ -1318,6 +1318,18 @@ impl Heap {
         true
     }
 
+    /// For `collect()`: give back the medium pages with no live chunk,
+    /// the one being bumped included (it stays otherwise, and where it is
+    /// the top of the arena, the global heap cannot give the free units
+    /// below it back to the OS under a limit on address space).
+    ///
+    /// # Safety
+    /// Called by the owner thread.
+    pub(crate) unsafe fn release_empty_medium(&mut self) {
+        // SAFETY: owner thread (caller's contract).
+        unsafe { self.medium.release_empty_pages(&mut self.counters) }
+    }
+
     /// Slow-path housekeeping: drain, send, publish statistics.
     #[inline]
     pub(crate) unsafe fn maintenance(&mut self) {

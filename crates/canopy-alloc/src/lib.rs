@@ -1195,6 +1195,7 @@ pub fn collect() -> usize {
             (*h).flush_kept();
             (*h).maintenance();
             (*h).sweep_empty();
+            (*h).release_empty_medium();
             flush_large_cache(h, None);
         }
     }

@@ -233,7 +233,7 @@ pub fn snapshot() -> Stats {
         (g.stats, g.committed_bytes())
     };
     crate::solo::unlock(locked);
-    s.reserved_bytes = (arena::arena_units() * UNIT) as u64;
+    s.reserved_bytes = (arena::mapped_units() * UNIT) as u64;
     s.committed_bytes = committed as u64;
     s.resident_bytes = canopy_sys::resident_bytes().map(|v| v as u64);
     s.metadata_bytes = crate::meta::used() as u64 + batch_bytes;

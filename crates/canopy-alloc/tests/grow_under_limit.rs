@@ -96,11 +96,45 @@ fn main() {
     // SAFETY: as above.
     unsafe { canopy_alloc::free(first) };
     canopy_alloc::check_invariants().expect("invariants after freeing");
-    // Freed units are reused: the same again needs no more arena.
+
+    // Given back: the free span at the top goes back to the OS, addresses
+    // included (under a limit they are what other mappings need).  Here
+    // nothing is live above the first 3 MiB once `collect` has given back
+    // the heap's empty medium page (it had been the arena's last page).
+    let size_before = vm_size();
+    canopy_alloc::collect();
+    canopy_alloc::check_invariants().expect("invariants after giving the top back");
+    let mapped = arena::mapped_units();
+    assert!(mapped * 2 < grown, "the top given back: {mapped} of {grown} units still mapped");
+    assert_eq!(arena::arena_units(), grown, "the descriptors stay");
+    assert_eq!(canopy_alloc::stats::snapshot().reserved_bytes as usize, mapped * arena::UNIT);
+    let size_after = vm_size();
+    assert!(size_after + (((grown - mapped) * arena::UNIT) >> 10) / 2 < size_before, "VmSize {size_before} kB -> {size_after} kB");
+    // A stale pointer into the given-back units is refused, not read.
+    if !canopy_alloc::options().check {
+        let stale = (arena::arena_base() + (grown - 1) * arena::UNIT) as *mut u8;
+        // SAFETY: refused with a message, nothing read.
+        unsafe { canopy_alloc::free(stale) };
+    }
+    // Mapped again when needed: the same again needs no more descriptors.
     let p = canopy_alloc::alloc(200 << 20);
     assert!(!p.is_null());
-    assert_eq!(arena::arena_units(), grown, "reused, not grown");
+    // SAFETY: p has 200 MiB.
+    unsafe {
+        p.write_bytes(0x5a, 200 << 20);
+        assert_eq!(p.add((200 << 20) - 1).read(), 0x5a);
+    }
+    assert_eq!(arena::arena_units(), grown, "mapped again, not grown");
+    assert!(arena::mapped_units() > mapped);
     // SAFETY: as above.
     unsafe { canopy_alloc::free(p) };
+    canopy_alloc::check_invariants().expect("invariants at the end");
     println!("grow_under_limit ok");
+}
+
+/// The process's mapped address space (`VmSize`, kB).
+fn vm_size() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status.lines().find(|l| l.starts_with("VmSize:")).expect("a VmSize line");
+    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmSize in kB")
 }
