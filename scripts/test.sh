@@ -20,8 +20,9 @@ CANOPY_CHECK=0 cargo test -p canopy-alloc --features check-full
 
 echo "== tests: the allocator, release build"
 cargo test --release -p canopy-alloc
-echo "== tests: the allocator under a limit on address space (ulimit -v 3 GB): the arena starts small and grows"
+echo "== tests: the allocator under a limit on address space (ulimit -v 3 GB): the arena starts small and grows (release; default mode with every invariant checked)"
 (ulimit -v 3000000 && cargo test --release -p canopy-alloc --lib --tests)
+(ulimit -v 3000000 && CANOPY_CHECK=0 cargo test -p canopy-alloc --features check-full --lib --tests)
 echo "== the allocator's example runs"
 cargo run --release -q -p canopy-alloc --example tour > /dev/null
 

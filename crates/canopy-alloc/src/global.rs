@@ -248,8 +248,11 @@ impl GlobalState {
         let got = unsafe { self.alloc_span_fit(n, align) };
         if self.over_since_ms != 0 {
             let o = crate::options();
-            // SAFETY: as above; the span just taken is no longer free.
-            unsafe { self.apply_retain_policy(o.retain_bytes, o.decay_ms, now_ms) };
+            // SAFETY: as above; the span just taken is no longer free.  Its
+            // units still carry a free span's kinds (the caller marks them),
+            // so the top is not given back here: a span taken from the top
+            // would look free to `unmap_top`.
+            unsafe { self.apply_retain_policy(o.retain_bytes, o.decay_ms, now_ms, false) };
         }
         got
     }
@@ -418,16 +421,18 @@ impl GlobalState {
             self.link_free(start, len, dirty);
         }
         // SAFETY: we hold the lock (caller's contract).
-        unsafe { self.apply_retain_policy(retain_bytes, crate::options().decay_ms, now_ms) };
+        unsafe { self.apply_retain_policy(retain_bytes, crate::options().decay_ms, now_ms, true) };
     }
 
     /// The decommit policy (see the module's documentation), after a free:
     /// committed free memory above `retain` is decommitted down to half of
     /// it once it has stayed above for `decay_ms` by the clock `now`.
+    /// `top`: whether the free span at the top may be given back too
+    /// ([`Self::unmap_top`]); only where every free span is in its bin.
     ///
     /// # Safety
     /// The caller holds the global lock.
-    pub(crate) unsafe fn apply_retain_policy(&mut self, retain: usize, decay_ms: u64, now: fn() -> u64) {
+    pub(crate) unsafe fn apply_retain_policy(&mut self, retain: usize, decay_ms: u64, now: fn() -> u64, top: bool) {
         if self.free_committed_units * UNIT <= retain {
             self.over_since_ms = 0;
             return;
@@ -443,7 +448,7 @@ impl GlobalState {
             }
         }
         // SAFETY: we hold the lock (caller's contract).
-        unsafe { self.decommit_down_to(retain / 2) };
+        unsafe { self.decommit_down_to(retain / 2, top) };
         self.over_since_ms = 0;
     }
 
@@ -457,7 +462,9 @@ impl GlobalState {
     /// of memory given back (the span's committed units).
     ///
     /// # Safety
-    /// The caller holds the global lock.
+    /// The caller holds the global lock, and every free span is in its bin
+    /// (not between `alloc_span_fit` and the caller's marking of the units
+    /// it took).
     unsafe fn unmap_top(&mut self) -> usize {
         if !arena::arena_grows() || self.top == 0 {
             return 0;
@@ -509,7 +516,7 @@ impl GlobalState {
     /// The caller holds the global lock.
     pub(crate) unsafe fn decommit_all(&mut self) -> usize {
         // SAFETY: forwarded.
-        let n = unsafe { self.decommit_down_to(0) };
+        let n = unsafe { self.decommit_down_to(0, true) };
         if self.free_committed_units == 0 {
             self.over_since_ms = 0;
         }
@@ -524,9 +531,15 @@ impl GlobalState {
 
     /// Decommit free spans, largest bins first, until at most `keep` bytes of
     /// committed free memory remain.  Returns bytes decommitted.
-    pub(crate) unsafe fn decommit_down_to(&mut self, keep: usize) -> usize {
-        // SAFETY: forwarded (the lock is held).
-        let mut done = unsafe { self.unmap_top() };
+    ///
+    /// `top`: give the free span at the top back first, addresses included,
+    /// in an arena that grows ([`Self::unmap_top`]).  Only where every free
+    /// span is in its bin: not while a span just taken still carries free
+    /// kinds.
+    pub(crate) unsafe fn decommit_down_to(&mut self, keep: usize, top: bool) -> usize {
+        // SAFETY: forwarded (the lock is held, and with `top` every free
+        // span is in its bin).
+        let mut done = if top { unsafe { self.unmap_top() } } else { 0 };
         let mut b = BINS;
         while b > 0 && self.free_committed_units * UNIT > keep {
             b -= 1;

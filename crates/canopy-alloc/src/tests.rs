@@ -653,7 +653,7 @@ fn free_memory_above_the_retain_limit_goes_back_after_the_delay() {
     // Decommitted at once with no delay.
     let locked = solo::lock();
     // SAFETY: global lock held.
-    unsafe { global::state().apply_retain_policy(retain, 0, || 0) };
+    unsafe { global::state().apply_retain_policy(retain, 0, || 0, true) };
     solo::unlock(locked);
     assert!(free_committed() <= retain / 2);
     global::TEST_NOW_MS.store(0, core::sync::atomic::Ordering::Relaxed);
@@ -740,7 +740,7 @@ fn a_span_merged_from_clean_and_committed_pieces_counts_only_the_committed() {
         g.check().expect("free spans");
         let before = g.stats.bytes_decommitted;
         let committed = g.free_committed_units;
-        let done = g.decommit_down_to(0);
+        let done = g.decommit_down_to(0, true);
         (c1, after_merge, committed, done, g.stats.bytes_decommitted - before)
     };
     solo::unlock(locked);
