@@ -411,15 +411,17 @@ pub fn arena_units() -> usize {
 
 /// Reserve the arena and its tables.  Without a limit on address space
 /// the arena is reserved whole (`CANOPY_ARENA_GB`, halved until the OS
-/// grants it: [`init_whole`]); under a limit (`ulimit -v`), or where even
-/// 1 GiB is refused, it starts small and grows as the global heap needs
-/// units ([`init_growing`], [`ensure_mapped`]).  Called once, under the init
-/// lock.  Returns false if the OS refuses both.
-pub(crate) fn init_arena(arena_gb: usize, huge: bool) -> bool {
+/// grants it: [`init_whole`]); under a limit (`ulimit -v`), with `grow`
+/// (`CANOPY_ARENA_GROW=1`), or where even 1 GiB is refused, it starts small
+/// and grows as the global heap needs units ([`init_growing`],
+/// [`ensure_mapped`]).  Called once, under the init lock.  Returns false if
+/// the OS refuses both.
+pub(crate) fn init_arena(arena_gb: usize, grow: bool, huge: bool) -> bool {
     let gb = arena_gb.clamp(1, (MAX_UNITS * UNIT) >> 30);
     ARENA_HUGE.store(huge as usize, Ordering::Relaxed);
     match canopy_sys::address_space_limit() {
         Some(limit) => init_growing(limit.min(gb << 30)),
+        None if grow => init_growing(gb << 30),
         None => init_whole(gb, huge) || init_growing(gb << 30),
     }
 }

@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `CANOPY_CHECK` | 0 (1 in debug builds) | check mode: every free is validated precisely; a double free or a foreign pointer is reported with the pointer and the call, then the process aborts |
 //! | `CANOPY_ARENA_GB` | 128 | address space reserved for the heap (GiB); halved until the OS grants it; under a limit on address space (`ulimit -v`) the most the arena grows to, with the limit |
+//! | `CANOPY_ARENA_GROW` | 0 | start the arena at 4 MiB and grow it as needed, giving the free top's addresses back, as under a limit on address space, even without one (only what is used is reserved; a later `setrlimit(RLIMIT_AS)` then leaves room for other mappings) |
 //! | `CANOPY_RETAIN_MB` | 64 | free memory the global heap keeps committed; what is above it for `CANOPY_DECAY_MS` is decommitted (largest spans first) down to half of it |
 //! | `CANOPY_DECAY_MS` | 1000 | how long free memory may stay above `CANOPY_RETAIN_MB` before it is decommitted (0: at once); a program that frees and allocates the same memory again within that time keeps it committed |
 //! | `CANOPY_HEAP_RETAIN_PAGES` | 2 | fully free 1 MiB pages a thread heap keeps before giving them back to the global heap |
@@ -33,6 +34,8 @@ pub struct Options {
     pub check: bool,
     /// Arena reservation in GiB.
     pub arena_gb: usize,
+    /// Grow the arena (as under `ulimit -v`) even without a limit.
+    pub arena_grow: bool,
     /// Committed free memory the global heap keeps, in bytes.
     pub retain_bytes: usize,
     /// Delay before committed free memory above `retain_bytes` is decommitted, in ms.
@@ -58,6 +61,7 @@ impl Options {
     pub const DEFAULT: Options = Options {
         check: cfg!(debug_assertions),
         arena_gb: 128,
+        arena_grow: false,
         retain_bytes: 64 << 20,
         decay_ms: 1000,
         heap_retain_pages: 2,
@@ -91,6 +95,7 @@ impl Options {
         Options {
             check: r.flag(c"CANOPY_CHECK", d.check),
             arena_gb: r.num(c"CANOPY_ARENA_GB", d.arena_gb, 1, 1 << 14, ""),
+            arena_grow: r.flag(c"CANOPY_ARENA_GROW", d.arena_grow),
             retain_bytes: r
                 .num(c"CANOPY_RETAIN_MB", d.retain_bytes >> 20, 0, usize::MAX >> 20, "")
                 << 20,
@@ -115,9 +120,10 @@ impl Options {
 }
 
 /// The allocator's variables (the table above).
-const NAMES: [&str; 11] = [
+const NAMES: [&str; 12] = [
     "CANOPY_CHECK",
     "CANOPY_ARENA_GB",
+    "CANOPY_ARENA_GROW",
     "CANOPY_RETAIN_MB",
     "CANOPY_DECAY_MS",
     "CANOPY_HEAP_RETAIN_PAGES",
@@ -333,6 +339,7 @@ mod tests {
         let (o, out) = read(&[
             ("CANOPY_CHECK", "1"),
             ("CANOPY_ARENA_GB", "16"),
+            ("CANOPY_ARENA_GROW", "1"),
             ("CANOPY_RETAIN_MB", "8"),
             ("CANOPY_DECAY_MS", "0"),
             ("CANOPY_HEAP_RETAIN_PAGES", "5"),
@@ -347,6 +354,7 @@ mod tests {
         let want = Options {
             check: true,
             arena_gb: 16,
+            arena_grow: true,
             retain_bytes: 8 << 20,
             decay_ms: 0,
             heap_retain_pages: 5,

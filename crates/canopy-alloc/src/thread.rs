@@ -111,7 +111,7 @@ fn init_slow() -> bool {
     INIT_LOCK.lock();
     if INIT.load(Ordering::Acquire) == UNINIT {
         let opts = crate::options::Options::from_env();
-        let ok = crate::arena::init_arena(opts.arena_gb, opts.huge_pages)
+        let ok = crate::arena::init_arena(opts.arena_gb, opts.arena_grow, opts.huge_pages)
             && crate::meta::init()
             && (!opts.check || crate::check::init());
         if ok {

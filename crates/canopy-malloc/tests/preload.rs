@@ -349,6 +349,26 @@ fn address_space_limit_grows_the_arena() {
     }
 }
 
+/// `CANOPY_ARENA_GROW=1`: the arena grows (as under `ulimit -v`) without a
+/// limit: four threads exchanging blocks work, in both modes, and the
+/// statistics at exit show a few MiB reserved, not the 128 GiB of a whole
+/// arena.
+#[test]
+fn arena_grow_option_without_a_limit() {
+    let exe = compile("threads");
+    let rounds = (20_000 * scale()).to_string();
+    for check in [false, true] {
+        let out = run(Command::new(&exe).args(["4", &rounds]).env("CANOPY_ARENA_GROW", "1").env("CANOPY_VERBOSE", "1"), check);
+        expect_ok(&out, "threads ok", &format!("threads (CANOPY_ARENA_GROW=1, check={check})"));
+        let err = text(&out.stderr);
+        let reserved: u64 = err
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("reserved_bytes").map(|v| v.trim().parse().expect("a number")))
+            .unwrap_or_else(|| panic!("no reserved_bytes in the statistics: {err}"));
+        assert!((4 << 20..1 << 30).contains(&reserved), "reserved {reserved} bytes");
+    }
+}
+
 #[test]
 fn verbose_mode_prints_statistics_at_exit() {
     let exe = compile("api");
