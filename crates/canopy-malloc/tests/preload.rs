@@ -434,6 +434,10 @@ print(len(d), len(back), sum(len(b) > 0 for b in big))
         assert!(out.status.success(), "python (check={check}): {}", text(&out.stderr));
         assert_eq!(text(&out.stdout).trim(), "9000 9000 40");
     }
+    // The same under `ulimit -v` (1 GB): the arena grows instead.
+    let out = run(Command::new("sh").args(["-c", "ulimit -v 1000000 && exec python3 -c \"$0\"", script]), false);
+    assert!(out.status.success(), "python under ulimit -v: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "9000 9000 40");
 }
 
 #[test]
