@@ -299,15 +299,13 @@ pub(crate) static FAST_KEYS: FastKeys = FastKeys {
     key: AtomicUsize::new(0x5bd1_e995_a3c5_9ac3),
     limit: AtomicUsize::new(0),
 };
-/// Units reserved in the arena.
-pub(crate) static ARENA_UNITS: AtomicUsize = AtomicUsize::new(0);
 /// Units whose memory is mapped: always `[0, MAPPED_UNITS)`, at most
-/// [`ARENA_UNITS`] (whose descriptors and bitmap words are mapped).  Equal
+/// [`arena_units`] (whose descriptors and bitmap words are mapped).  Equal
 /// to it unless the global heap gave the top of an arena that grows back to
 /// the OS ([`unmap_from`]); [`ensure_mapped`] maps units again.
 static MAPPED_UNITS: AtomicUsize = AtomicUsize::new(0);
 /// Units the arena may grow to (see [`ensure_mapped`]); equal to
-/// [`ARENA_UNITS`] when it was reserved whole.
+/// [`arena_units`] when it was reserved whole.
 static ARENA_CAP: AtomicUsize = AtomicUsize::new(0);
 /// 1 if `madvise(MADV_HUGEPAGE)` is asked for the arena (also for what it
 /// grows by).
@@ -404,9 +402,11 @@ pub fn unit_addr(d: *const Desc) -> *mut u8 {
     (arena_base() + (desc_index(d) << UNIT_SHIFT)) as *mut u8
 }
 
-/// Units actually reserved.
+/// Units with descriptors and bitmap words: all of an arena reserved
+/// whole, what an arena that grows has grown to (the same number as
+/// `FastKeys::limit`, in units, its one record).
 pub fn arena_units() -> usize {
-    ARENA_UNITS.load(Ordering::Relaxed)
+    FAST_KEYS.limit.load(Ordering::Relaxed) >> UNIT_SHIFT
 }
 
 /// Reserve the arena and its tables.  Without a limit on address space
@@ -476,7 +476,6 @@ fn init_whole(mut gb: usize, huge: bool) -> bool {
                     unsafe { canopy_sys::advise_huge(base, gb << 30) };
                 }
                 let units = (gb << 30) >> UNIT_SHIFT;
-                ARENA_UNITS.store(units, Ordering::Relaxed);
                 MAPPED_UNITS.store(units, Ordering::Relaxed);
                 ARENA_CAP.store(units, Ordering::Relaxed);
                 FAST_KEYS.limit.store(units << UNIT_SHIFT, Ordering::Relaxed);
@@ -545,7 +544,6 @@ fn start_growing(base: usize, units: usize, cap: usize) -> bool {
         unsafe { canopy_sys::advise_huge(base as *mut u8, units << UNIT_SHIFT) };
     }
     GROWING.store(1, Ordering::Relaxed);
-    ARENA_UNITS.store(units, Ordering::Relaxed);
     MAPPED_UNITS.store(units, Ordering::Relaxed);
     ARENA_CAP.store(cap, Ordering::Relaxed);
     FAST_KEYS.limit.store(units << UNIT_SHIFT, Ordering::Relaxed);
@@ -618,7 +616,7 @@ pub(crate) fn ensure_mapped(units: usize) -> bool {
         return false;
     }
     let base = arena_base();
-    let cur = ARENA_UNITS.load(Ordering::Relaxed);
+    let cur = arena_units();
     let exact = ((units + PAGE_UNITS - 1) & !(PAGE_UNITS - 1)).min(cap);
     if exact <= cur {
         if map_units(base, mapped, cur, exact).is_err() {
@@ -638,7 +636,6 @@ pub(crate) fn ensure_mapped(units: usize) -> bool {
     };
     advise_huge_units(base, mapped, to);
     MAPPED_UNITS.store(to, Ordering::Relaxed);
-    ARENA_UNITS.store(to, Ordering::Release);
     FAST_KEYS.limit.store(to << UNIT_SHIFT, Ordering::Release);
     true
 }
