@@ -529,6 +529,12 @@ impl GlobalState {
         self.over_since_ms != 0
     }
 
+    /// Start a decommit delay as a free would have at `t` ms (tests).
+    #[cfg(test)]
+    pub(crate) fn start_decay_at(&mut self, t: u64) {
+        self.over_since_ms = t;
+    }
+
     /// Decommit free spans, largest bins first, until at most `keep` bytes of
     /// committed free memory remain.  Returns bytes decommitted.
     ///

@@ -660,6 +660,90 @@ fn free_memory_above_the_retain_limit_goes_back_after_the_delay() {
     check_invariants().unwrap();
 }
 
+/// A span that `alloc_span` takes whole from the top of the heap just as a
+/// decommit delay runs out is the caller's, although its units still carry a
+/// free span's kinds until the caller marks them: the retain policy that
+/// `alloc_span` runs after taking it decommits other free spans, but must not
+/// give it back as the free top.  In an arena that grows (under `ulimit -v`,
+/// as `scripts/test.sh` runs this suite a second time) a policy that did
+/// unlinked the span a second time, unmapped it and lowered the top under
+/// the caller (ec501f8, fixed in a9dbec6); this sets that case up exactly.
+#[test]
+fn a_span_taken_from_the_top_as_the_delay_runs_out_stays_the_callers() {
+    let _g = serial();
+    assert!(thread::ensure_init(), "the arena is there");
+    let o = options();
+    let retain_units = o.retain_bytes / arena::UNIT;
+    let decommits = stats::snapshot().decommits;
+    let locked = solo::lock();
+    // SAFETY: the global lock is held throughout; every span is taken from
+    // the global heap, marked as a large chunk's at once (as `alloc_large`
+    // does before it lets go of the lock) and given back exactly once.
+    let (t, n, top, guard, drained) = unsafe {
+        let g = global::state();
+        // Every free span taken out of the bins (one unit at a time), so
+        // what follows comes from the top in order.
+        let mut drained = Vec::new();
+        while g.free_units > 0 {
+            let (idx, _) = g.alloc_span(1, 1).expect("a free unit");
+            arena::mark_units(idx, 1, arena::kind::LARGE_BODY);
+            drained.push(idx);
+        }
+        // B: more committed free memory than the retain limit, once freed;
+        // G: a guard, so T does not coalesce with B; T: ends at the top.
+        let big = retain_units + 32;
+        let n = 8;
+        let (b, _) = g.alloc_span(big, 1).expect("units for B");
+        let (guard, _) = g.alloc_span(1, 1).expect("a unit for G");
+        let (t, _) = g.alloc_span(n, 1).expect("units for T");
+        assert_eq!((guard, t, t + n), (b + big, guard + 1, g.top), "B, G and T from the top, in order");
+        for (idx, len) in [(b, big), (guard, 1), (t, n)] {
+            arena::mark_units(idx, len, arena::kind::LARGE_BODY);
+        }
+        // Both freed as holding memory, with no policy applied yet.
+        g.free_span(b, big, true, usize::MAX, None);
+        g.free_span(t, n, true, usize::MAX, None);
+        g.check().expect("B and T free");
+        assert!(g.free_committed_units > retain_units, "over the retain limit");
+        // The delay started long ago: the next allocation applies the policy.
+        global::TEST_NOW_MS.store(1_000_000 + o.decay_ms, core::sync::atomic::Ordering::Relaxed);
+        g.start_decay_at(1_000_000);
+        let (got, _) = g.alloc_span(n, 1).expect("T again");
+        assert_eq!(got, t, "T is the one free span of its length");
+        arena::mark_units(t, n, arena::kind::LARGE_BODY);
+        let top = g.top;
+        g.check().expect("the bins after the policy ran with T taken");
+        assert!(g.free_committed_units * arena::UNIT <= o.retain_bytes / 2, "the policy ran: B was decommitted");
+        (t, n, top, guard, drained)
+    };
+    solo::unlock(locked);
+    global::TEST_NOW_MS.store(0, core::sync::atomic::Ordering::Relaxed);
+    assert_eq!(top, t + n, "the top stays above T");
+    assert!(arena::mapped_units() >= t + n, "T's units stay mapped");
+    assert!(stats::snapshot().decommits > decommits, "the policy decommitted B");
+    // T's memory is there to use.
+    let base = arena::arena_base() + t * arena::UNIT;
+    // SAFETY: T's n units are mapped (checked above) and ours.
+    unsafe {
+        core::ptr::write_bytes(base as *mut u8, 0xa5, n * arena::UNIT);
+        assert_eq!(*((base + n * arena::UNIT - 1) as *const u8), 0xa5);
+    }
+    let locked = solo::lock();
+    // SAFETY: the lock is held; T, G and the drained units are ours to
+    // give back, once (as holding memory: some may have held none).
+    unsafe {
+        let g = global::state();
+        g.free_span(t, n, true, usize::MAX, None);
+        g.free_span(guard, 1, true, usize::MAX, None);
+        for idx in drained {
+            g.free_span(idx, 1, true, usize::MAX, None);
+        }
+        g.check().expect("T, G and the drained units given back");
+    }
+    solo::unlock(locked);
+    check_invariants().unwrap();
+}
+
 /// Spans cut from a long free span, with and without alignment, and given
 /// back in a scrambled order, committed or clean: after every step the bins,
 /// the body marks, the back links, the committed-unit counts and the word of
