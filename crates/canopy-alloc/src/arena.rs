@@ -673,6 +673,36 @@ pub(crate) unsafe fn unmap_from(at: usize) -> bool {
     true
 }
 
+/// Give the memory of units `[idx, idx+n)`, below the mapped length, back to
+/// the OS with its addresses, in an arena that grows: the global heap does
+/// this with free spans below live memory when it decommits (a hole in the
+/// arena).  Their descriptors stay, so a stale pointer into them is still
+/// refused without reading them; [`map_again`] maps them again.  Returns
+/// false (nothing done) for an arena reserved whole or if the OS refuses.
+///
+/// # Safety
+/// The units are mapped by the arena (not holes already, where a mapping of
+/// the program's may sit now) and hold nothing anyone uses.
+pub(crate) unsafe fn unmap_units(idx: usize, n: usize) -> bool {
+    if GROWING.load(Ordering::Relaxed) == 0 || idx + n > MAPPED_UNITS.load(Ordering::Relaxed) {
+        return false;
+    }
+    let from = arena_base() + (idx << UNIT_SHIFT);
+    // SAFETY: the caller's contract; munmap of a part of our own mapping.
+    unsafe { libc::munmap(from as *mut libc::c_void, n << UNIT_SHIFT) == 0 }
+}
+
+/// Map units `[idx, idx+n)` again after [`unmap_units`], where nothing else
+/// is mapped (`MAP_FIXED_NOREPLACE`): if the program has put a mapping of
+/// its own there, or the limit on address space is reached, the OS refuses
+/// and so does this.
+pub(crate) fn map_again(idx: usize, n: usize) -> Result<(), canopy_sys::OsError> {
+    let base = arena_base();
+    canopy_sys::reserve_fixed(base + (idx << UNIT_SHIFT), n << UNIT_SHIFT)?;
+    advise_huge_units(base, idx, idx + n);
+    Ok(())
+}
+
 /// The whole pages around a table of `len` bytes that starts `skew` bytes
 /// into its region: the table lies in `[from, to)`, both page-aligned.
 const fn unused_around(skew: usize, len: usize) -> (usize, usize) {

@@ -16,7 +16,11 @@
 //! in afresh each time; one that stays above the limit gives the excess back
 //! on its first free, or first allocation from the global heap, after the
 //! delay (the check rides on those calls: nothing runs in the background).  `CANOPY_DECAY_MS=0` decommits at once.
-//! `canopy_collect()` decommits every free span now.
+//! `canopy_collect()` decommits every free span now.  In an arena that grows
+//! (under a limit on address space) decommitting unmaps, addresses and all:
+//! the free span at the top lowers the top (`unmap_top`), one below live
+//! memory becomes *holes* (`unmap_runs`, the clean mark [`HOLE`]), mapped
+//! again before its units are handed out (`map_holes`).
 //!
 //! Free spans sit in bins by length: bins 1..=63 hold spans of exactly that
 //! many units, bin 64 the longer ones.  Lists are doubly linked through the
@@ -38,6 +42,14 @@ use core::ptr;
 
 const BINS: usize = 65;
 
+/// The clean mark (`Desc::limit`) of a free unit whose memory is unmapped,
+/// addresses and all: a *hole* in an arena that grows, left where the global
+/// heap decommitted a free span below live memory (`unmap_span`).  It holds
+/// no memory, like a unit marked 0, but must be mapped again before it is
+/// handed out (`map_holes`), and it is never unmapped a second time: the
+/// program may have a mapping of its own there by then.
+pub(crate) const HOLE: u32 = u32::MAX;
+
 /// The global heap's state (only touched under its lock).
 pub(crate) struct GlobalState {
     /// First unit never handed out.
@@ -51,6 +63,9 @@ pub(crate) struct GlobalState {
     pub free_committed_units: usize,
     /// Units in free spans.
     pub free_units: usize,
+    /// Units of free spans whose memory is unmapped, addresses and all (clean
+    /// mark [`HOLE`]; only in an arena that grows).
+    pub hole_units: usize,
     /// When a free first found committed free memory above the retain limit,
     /// with every free since finding it above too (coarse monotonic ms; 0:
     /// it is not above).
@@ -113,6 +128,7 @@ pub(crate) static GLOBAL: Global = Global {
         nonempty: 0,
         free_committed_units: 0,
         free_units: 0,
+        hole_units: 0,
         over_since_ms: 0,
         heaps: ptr::null_mut(),
         abandoned: ptr::null_mut(),
@@ -273,7 +289,8 @@ impl GlobalState {
                 let len = unsafe { (*d).a as usize };
                 let s = desc_index(d);
                 let at = (s + align - 1) & !(align - 1);
-                if len >= n && at + n <= s + len {
+                // SAFETY: the units are d's, a free span's (for `map_holes`).
+                if len >= n && at + n <= s + len && (self.hole_units == 0 || unsafe { self.map_holes(at, n) }) {
                     // SAFETY: d is in a bin; the pieces are ours to re-insert.
                     unsafe {
                         let spare = (*d).spare as usize;
@@ -334,6 +351,9 @@ impl GlobalState {
         unsafe {
             let right = desc(end);
             if (*right).kind != kind::FREE_SPAN || ((*right).a as usize) < need {
+                return false;
+            }
+            if self.hole_units != 0 && !self.map_holes(end, need) {
                 return false;
             }
             let avail = (*right).a as usize;
@@ -483,9 +503,28 @@ impl GlobalState {
             debug_assert_eq!(s + n, self.top);
             let dirty = (*head).spare as usize;
             self.unlink_free(head);
-            // SAFETY: the span is free and taken out of its bin, and the
-            // units above top were never handed out since they were mapped.
-            if !arena::unmap_from(s) {
+            if self.hole_units != 0 && (s..s + n).any(|k| (*desc(k)).limit == HOLE) {
+                // A span with holes stays a free span, of holes: its mapped
+                // runs go one by one (a hole may hold a mapping of the
+                // program's by now, which must neither be unmapped nor block
+                // the arena's growth, as it would above a lowered top), and
+                // so do the fresh units above the top.
+                let given = self.unmap_runs(s, n);
+                self.link_free(s, n, dirty_units(s, n));
+                if self.top < arena::mapped_units() {
+                    // The units above the top were never handed out since
+                    // they were mapped.
+                    arena::unmap_from(self.top);
+                }
+                if given != 0 {
+                    self.stats.bytes_decommitted += (given << UNIT_SHIFT) as u64;
+                    self.stats.decommits += 1;
+                }
+                return given << UNIT_SHIFT;
+            } else if !arena::unmap_from(s) {
+                // SAFETY (of the call): the span is free and taken out of its
+                // bin, and the units above top were never handed out since
+                // they were mapped.
                 self.link_free(s, n, dirty);
                 return 0;
             }
@@ -509,6 +548,137 @@ impl GlobalState {
         }
     }
 
+    /// Map again the holes among units `s..s+n` of a free span (units marked
+    /// [`HOLE`]) before they are handed out; they become clean units
+    /// (mark 0).  All or nothing: if the OS refuses a run (the limit on
+    /// address space is reached, or the program has mapped something of its
+    /// own there), the runs mapped here are unmapped again and false
+    /// returned, and the span stays as it was.
+    ///
+    /// # Safety
+    /// The caller holds the global lock; the units belong to a free span.
+    unsafe fn map_holes(&mut self, s: usize, n: usize) -> bool {
+        let hole = |k: usize| {
+            // SAFETY: free units of the arena (caller's contract).
+            unsafe { (*desc(k)).limit == HOLE }
+        };
+        let mut k = s;
+        let mut count = 0;
+        while k < s + n {
+            if !hole(k) {
+                k += 1;
+                continue;
+            }
+            let run = k;
+            while k < s + n && hole(k) {
+                k += 1;
+            }
+            if arena::map_again(run, k - run).is_err() {
+                // Undo: the runs before this one were holes and are mapped
+                // by this call alone.
+                let mut j = s;
+                while j < run {
+                    if !hole(j) {
+                        j += 1;
+                        continue;
+                    }
+                    let r = j;
+                    while j < run && hole(j) {
+                        j += 1;
+                    }
+                    // SAFETY: mapped just above, unused.
+                    unsafe { arena::unmap_units(r, j - r) };
+                }
+                return false;
+            }
+            count += k - run;
+        }
+        for k in s..s + n {
+            if hole(k) {
+                // SAFETY: as above; the unit is mapped again and clean.
+                unsafe { (*desc(k)).limit = 0 };
+            }
+        }
+        self.hole_units -= count;
+        true
+    }
+
+    /// Unmap the units of `s..s+n`, part of a free span, that are not holes
+    /// already, addresses and all, in an arena that grows; they become holes.
+    /// A run the OS will not unmap (at its limit on mappings, a split of the
+    /// arena's mapping is refused) is decommitted instead and stays mapped,
+    /// clean.  Returns how many units that held memory (by their marks) were
+    /// given back.  The caller fixes the span's count of committed units.
+    ///
+    /// # Safety
+    /// The caller holds the global lock; the units belong to a free span (in
+    /// its bin or just taken out).
+    unsafe fn unmap_runs(&mut self, s: usize, n: usize) -> usize {
+        let mut given = 0;
+        let mut k = s;
+        while k < s + n {
+            // SAFETY: free units of the arena (caller's contract).
+            unsafe {
+                if (*desc(k)).limit == HOLE {
+                    k += 1;
+                    continue;
+                }
+                let run = k;
+                while k < s + n && (*desc(k)).limit != HOLE {
+                    k += 1;
+                }
+                let dirty = dirty_units(run, k - run);
+                let mark = if arena::unmap_units(run, k - run) {
+                    self.hole_units += k - run;
+                    HOLE
+                } else if canopy_sys::decommit(arena::unit_addr(desc(run)), (k - run) << UNIT_SHIFT).is_ok() {
+                    0
+                } else {
+                    continue;
+                };
+                for j in run..k {
+                    (*desc(j)).limit = mark;
+                }
+                given += dirty;
+            }
+        }
+        given
+    }
+
+    /// In an arena that grows, unmap every free span's units that are still
+    /// mapped (`collect`): clean ones too, which hold addresses though no
+    /// memory.  Returns the bytes of memory given back.
+    ///
+    /// # Safety
+    /// The caller holds the global lock, and every free span is in its bin.
+    unsafe fn unmap_free_spans(&mut self) -> usize {
+        let mut given = 0;
+        for b in 0..BINS {
+            let mut d = self.bins[b];
+            while !d.is_null() {
+                // SAFETY: d heads a free span in a bin; only its units' marks
+                // and counts change, not the lists.
+                unsafe {
+                    let s = desc_index(d);
+                    let n = (*d).a as usize;
+                    let dirty = (*d).spare as usize;
+                    let g = self.unmap_runs(s, n);
+                    let left = dirty_units(s, n);
+                    (*d).spare = left as u64;
+                    (*d).flags = if left == 0 { SPAN_ZEROED } else { SPAN_COMMITTED };
+                    self.free_committed_units -= dirty - left;
+                    if g != 0 {
+                        self.stats.bytes_decommitted += (g << UNIT_SHIFT) as u64;
+                        self.stats.decommits += 1;
+                    }
+                    given += g << UNIT_SHIFT;
+                    d = (*d).next;
+                }
+            }
+        }
+        given
+    }
+
     /// Decommit every free span that may hold memory (`collect`).  Nothing
     /// committed is left free, so a decommit delay that was running stops.
     ///
@@ -516,7 +686,11 @@ impl GlobalState {
     /// The caller holds the global lock.
     pub(crate) unsafe fn decommit_all(&mut self) -> usize {
         // SAFETY: forwarded.
-        let n = unsafe { self.decommit_down_to(0, true) };
+        let mut n = unsafe { self.decommit_down_to(0, true) };
+        if arena::arena_grows() {
+            // SAFETY: forwarded; every free span is in its bin.
+            n += unsafe { self.unmap_free_spans() };
+        }
         if self.free_committed_units == 0 {
             self.over_since_ms = 0;
         }
@@ -554,7 +728,22 @@ impl GlobalState {
                 // SAFETY: d is a free span head; its units are ours and dead.
                 unsafe {
                     let dirty = (*d).spare as usize;
-                    if dirty != 0 {
+                    if dirty != 0 && arena::arena_grows() {
+                        // Addresses and all (holes), but never over a hole:
+                        // the program may have mapped something there.
+                        let s = desc_index(d);
+                        let n = (*d).a as usize;
+                        let g = self.unmap_runs(s, n);
+                        let left = dirty_units(s, n);
+                        (*d).spare = left as u64;
+                        (*d).flags = if left == 0 { SPAN_ZEROED } else { SPAN_COMMITTED };
+                        self.free_committed_units -= dirty - left;
+                        if g != 0 {
+                            self.stats.bytes_decommitted += (g << UNIT_SHIFT) as u64;
+                            self.stats.decommits += 1;
+                            done += g << UNIT_SHIFT;
+                        }
+                    } else if dirty != 0 {
                         // The whole span in one call: its clean units cost
                         // the kernel nearly nothing, but only the others count.
                         let n = (*d).a as usize;
@@ -589,6 +778,7 @@ impl GlobalState {
     pub(crate) unsafe fn check(&self) -> Result<(), &'static str> {
         let mut units = 0;
         let mut committed = 0;
+        let mut holes = 0;
         for b in 0..BINS {
             let mut d = self.bins[b];
             let mut prev: *mut Desc = ptr::null_mut();
@@ -611,9 +801,14 @@ impl GlobalState {
                             return Err("a free span's body unit has another kind");
                         }
                     }
-                    if (s..s + n).any(|i| (*desc(i)).limit as usize > UNIT) {
+                    if (s..s + n).any(|i| (*desc(i)).limit != HOLE && (*desc(i)).limit as usize > UNIT) {
                         return Err("a free unit's clean mark lies past the unit");
                     }
+                    let h = (s..s + n).filter(|&i| (*desc(i)).limit == HOLE).count();
+                    if h != 0 && !arena::arena_grows() {
+                        return Err("a hole in an arena reserved whole");
+                    }
+                    holes += h;
                     if n > 1 && (*desc(s + n - 1)).next != d {
                         return Err("a free span's last unit does not point at its head");
                     }
@@ -634,6 +829,9 @@ impl GlobalState {
         }
         if units != self.free_units || committed != self.free_committed_units {
             return Err("free unit counters disagree with the bins");
+        }
+        if holes != self.hole_units {
+            return Err("the count of holes disagrees with the free spans' marks");
         }
         if (0..BINS).any(|b| (self.nonempty >> b & 1 == 1) == self.bins[b].is_null()) || self.nonempty >> BINS != 0 {
             return Err("the word of non-empty bins disagrees with the bins");
@@ -660,14 +858,21 @@ fn now_ms() -> u64 {
 pub(crate) static TEST_NOW_MS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
 
 /// How many of the units `idx..idx+n` may hold memory: their clean mark
-/// (`Desc::limit` of a free unit, see `GlobalState::free_span`) is not 0.
+/// (`Desc::limit` of a free unit, see `GlobalState::free_span`) is neither
+/// 0 nor [`HOLE`].
 ///
 /// # Safety
 /// The units are arena units whose descriptors carry clean marks (free, or
 /// just taken from a free span).
 unsafe fn dirty_units(idx: usize, n: usize) -> usize {
     // SAFETY: forwarded to the caller.
-    (idx..idx + n).filter(|&k| unsafe { (*desc(k)).limit } != 0).count()
+    (idx..idx + n)
+        .filter(|&k| {
+            // SAFETY: forwarded to the caller.
+            let mark = unsafe { (*desc(k)).limit };
+            mark != 0 && mark != HOLE
+        })
+        .count()
 }
 
 /// Take a 1 MiB page (aligned) from the global heap for a thread heap, after

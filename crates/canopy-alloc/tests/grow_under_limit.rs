@@ -107,7 +107,8 @@ fn main() {
     let mapped = arena::mapped_units();
     assert!(mapped * 2 < grown, "the top given back: {mapped} of {grown} units still mapped");
     assert_eq!(arena::arena_units(), grown, "the descriptors stay");
-    assert_eq!(canopy_alloc::stats::snapshot().reserved_bytes as usize, mapped * arena::UNIT);
+    // Below the top, free spans are holes now (see below): not reserved.
+    assert!(canopy_alloc::stats::snapshot().reserved_bytes as usize <= mapped * arena::UNIT);
     let size_after = vm_size();
     assert!(size_after + (((grown - mapped) * arena::UNIT) >> 10) / 2 < size_before, "VmSize {size_before} kB -> {size_after} kB");
     // A stale pointer into the given-back units is refused, not read.
@@ -128,6 +129,113 @@ fn main() {
     assert!(arena::mapped_units() > mapped);
     // SAFETY: as above.
     unsafe { canopy_alloc::free(p) };
+    canopy_alloc::check_invariants().expect("invariants after mapping the top again");
+
+    // Below live memory: a free span there becomes a hole, its addresses
+    // given back too, and is mapped again when it is handed out.
+    const A: usize = 96 << 20;
+    let a = canopy_alloc::alloc(A);
+    let c = canopy_alloc::alloc(8 << 20);
+    assert!(!a.is_null() && !c.is_null());
+    assert!((c as usize) >= a as usize + A, "C lies above A: a {a:p}, c {c:p}, base {:#x}", arena::arena_base());
+    // SAFETY: a has A bytes, c 8 MiB.
+    unsafe {
+        a.write_bytes(0x11, A);
+        c.write_bytes(0x22, 8 << 20);
+        canopy_alloc::free(a);
+    }
+    let size_before = vm_size();
+    let reserved_before = canopy_alloc::stats::snapshot().reserved_bytes as usize;
+    canopy_alloc::collect();
+    canopy_alloc::check_invariants().expect("invariants after making a hole");
+    let size_after = vm_size();
+    let reserved_after = canopy_alloc::stats::snapshot().reserved_bytes as usize;
+    assert!(size_after + (A >> 10) <= size_before, "VmSize {size_before} kB -> {size_after} kB: A's addresses given back");
+    assert!(reserved_after + A <= reserved_before, "reserved {reserved_before} -> {reserved_after} bytes");
+    // A stale pointer into the hole is refused, not read.
+    if !canopy_alloc::options().check {
+        // SAFETY: refused with a message, nothing read.
+        unsafe { canopy_alloc::free(a.add(A / 2)) };
+    }
+    // The hole is handed out again, mapped and clean.
+    let z = canopy_alloc::calloc(1, A);
+    assert!(!z.is_null());
+    assert!(z as usize >= a as usize && (z as usize) < a as usize + A, "A's units taken again");
+    // SAFETY: z has A bytes; c 8 MiB, still live.
+    unsafe {
+        assert!((0..A).step_by(4096).all(|i| z.add(i).read() == 0), "calloc'd memory from a hole reads as zero");
+        z.write_bytes(0x33, A);
+        assert_eq!(z.add(A - 1).read(), 0x33);
+        assert!((0..8 << 20).step_by(4096).all(|i| c.add(i).read() == 0x22), "C untouched");
+    }
+    assert!(canopy_alloc::stats::snapshot().reserved_bytes as usize >= reserved_after + A);
+    canopy_alloc::check_invariants().expect("invariants after mapping the hole again");
+
+    // The program maps a page of its own in a hole: Canopy never hands out
+    // those units, never unmaps the page, and keeps growing past it.
+    // SAFETY: z has A bytes and is not used again.
+    unsafe { canopy_alloc::free(z) };
+    canopy_alloc::collect();
+    canopy_alloc::check_invariants().expect("invariants after making the hole again");
+    // At the limit, a hole is not mapped again: null, nothing lost.
+    let set_limit = |bytes: usize| {
+        let r = libc::rlimit { rlim_cur: bytes as libc::rlim_t, rlim_max: libc::RLIM_INFINITY };
+        let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: valid rlimit pointers; the soft limit only (below the hard one).
+        unsafe {
+            assert_eq!(libc::getrlimit(libc::RLIMIT_AS, &mut cur), 0);
+            assert_eq!(libc::setrlimit(libc::RLIMIT_AS, &libc::rlimit { rlim_max: cur.rlim_max, ..r }), 0);
+        }
+    };
+    set_limit((vm_size() << 10) + (2 << 20));
+    let p = canopy_alloc::calloc(1, A);
+    assert!(p.is_null(), "no room under the limit for the hole to be mapped again");
+    canopy_alloc::check_invariants().expect("invariants after a hole was refused");
+    set_limit(LIMIT);
+    let theirs = (a as usize + A / 2) & !4095;
+    // SAFETY: a fixed mapping where nothing is mapped (the kernel refuses otherwise).
+    let m = unsafe {
+        libc::mmap(
+            theirs as *mut libc::c_void,
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(m as usize, theirs, "the hole is free for the program's own mapping");
+    // SAFETY: the page just mapped.
+    unsafe { (m as *mut u64).write(0x7e57_da7a) };
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let p = canopy_alloc::calloc(1, A);
+        assert!(!p.is_null(), "allocated past the hole the program took");
+        assert!(p as usize + A <= theirs || p as usize > theirs, "never over the program's page");
+        // SAFETY: p has A bytes.
+        unsafe { p.write_bytes(0x44, A) };
+        held.push(p);
+    }
+    for p in held {
+        // SAFETY: allocated above, freed once.
+        unsafe { canopy_alloc::free(p) };
+    }
+    // SAFETY: c is live, freed once; nothing is live above the hole after it.
+    unsafe { canopy_alloc::free(c) };
+    canopy_alloc::collect();
+    canopy_alloc::check_invariants().expect("invariants with the program's page in a hole");
+    // SAFETY: the program's page, still mapped (a read would fault otherwise).
+    unsafe {
+        assert_eq!((m as *const u64).read(), 0x7e57_da7a, "the program's page survived collect");
+        libc::munmap(m, 4096);
+    }
+    let p = canopy_alloc::calloc(1, A);
+    assert!(!p.is_null());
+    // SAFETY: p has A bytes.
+    unsafe {
+        p.write_bytes(0x55, A);
+        canopy_alloc::free(p);
+    }
     canopy_alloc::check_invariants().expect("invariants at the end");
     println!("grow_under_limit ok");
 }
