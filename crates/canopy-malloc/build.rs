@@ -14,6 +14,11 @@ fn main() {
         if std::env::var_os("CANOPY_NO_HOT_TEXT").is_none() {
             let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
             println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{dir}/hot-text.ld");
+            // The code segment on a 64 KiB boundary in the file and in
+            // memory (the loader aligns the library to its segments'
+            // alignment), so that the hot section is one fault-around window.
+            println!("cargo:rustc-cdylib-link-arg=-Wl,-z,max-page-size=0x10000");
+            println!("cargo:rustc-cdylib-link-arg=-Wl,-z,separate-loadable-segments");
         }
     }
 }
