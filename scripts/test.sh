@@ -23,6 +23,8 @@ cargo test --release -p canopy-alloc
 echo "== tests: the allocator under a limit on address space (ulimit -v 3 GB): the arena starts small and grows (release; default mode with every invariant checked)"
 (ulimit -v 3000000 && cargo test --release -p canopy-alloc --lib --tests)
 (ulimit -v 3000000 && CANOPY_CHECK=0 cargo test -p canopy-alloc --features check-full --lib --tests)
+echo "== tests: the layers above the allocator under the same limit (regions lend the allocator's units; debug build, check mode)"
+(ulimit -v 3000000 && cargo test -p canopy-region -p canopy-rc -p canopy-hh)
 echo "== the allocator's example runs"
 cargo run --release -q -p canopy-alloc --example tour > /dev/null
 
