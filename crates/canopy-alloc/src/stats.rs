@@ -43,7 +43,9 @@ pub struct ArenaStats {
 /// A statistics snapshot.
 #[derive(Clone, Debug)]
 pub struct Stats {
-    /// Address space reserved for the heap.
+    /// Address space the arena holds: the whole reservation, or in an arena
+    /// that grows (under `ulimit -v`) what is mapped less the holes that
+    /// free spans below live memory have given back.
     pub reserved_bytes: u64,
     /// Upper bound of arena memory that may be resident (handed out or free but not decommitted).
     pub committed_bytes: u64,
