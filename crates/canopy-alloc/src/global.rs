@@ -50,6 +50,12 @@ const BINS: usize = 65;
 /// program may have a mapping of its own there by then.
 pub(crate) const HOLE: u32 = u32::MAX;
 
+/// The shortest run of units made a hole (1 MiB); shorter runs are only
+/// decommitted.  Each hole splits the arena's mapping, and a process may
+/// have only so many mappings (`vm.max_map_count`, 65530 by default): with
+/// this, an arena of N GiB makes at most 1024·N of them.
+const MIN_HOLE_UNITS: usize = 16;
+
 /// The global heap's state (only touched under its lock).
 pub(crate) struct GlobalState {
     /// First unit never handed out.
@@ -319,6 +325,54 @@ impl GlobalState {
                 tries += 1;
             }
         }
+        // Then fresh units from the top of the arena, starting in the free
+        // span that ends at the top if it has holes: a span of holes that
+        // could not be given back as the top (see `unmap_top`) would
+        // otherwise strand its positions below every fresh unit, and under
+        // a limit the arena could not grow past them.
+        if self.hole_units != 0 && self.top > 0 {
+            // SAFETY: top - 1 is an arena unit below top; its kind says
+            // whether it ends a free span, whose head its `next` points at.
+            let head = unsafe {
+                let last = desc(self.top - 1);
+                match (*last).kind {
+                    kind::FREE_SPAN => last,
+                    kind::FREE_BODY => (*last).next,
+                    _ => ptr::null_mut(),
+                }
+            };
+            if !head.is_null() {
+                let s = desc_index(head);
+                let at = (s + align - 1) & !(align - 1);
+                // SAFETY (map_holes): the units at..top are head's.
+                if at < self.top
+                    && at + n >= self.top
+                    && (at + n <= arena::mapped_units() || arena::ensure_mapped(at + n))
+                    && unsafe { self.map_holes(at, self.top - at) }
+                {
+                    // SAFETY: head is the free span ending at top; the
+                    // piece before `at` is ours to put back, the rest and
+                    // the fresh units above top are handed out.
+                    unsafe {
+                        let spare = (*head).spare as usize;
+                        self.unlink_free(head);
+                        let taken = dirty_units(at, self.top - at);
+                        if at > s {
+                            let front = dirty_units(s, at - s);
+                            debug_assert_eq!(spare, taken + front);
+                            if at - s > 1 {
+                                (*desc(at - 1)).kind = kind::FREE_BODY;
+                            }
+                            self.link_free(s, at - s, front);
+                        } else {
+                            debug_assert_eq!(spare, taken);
+                        }
+                        self.top = at + n;
+                        return Some((at, taken == 0));
+                    }
+                }
+            }
+        }
         // Then fresh units from the top of the arena.
         let at = (self.top + align - 1) & !(align - 1);
         if at + n > arena::mapped_units() && !arena::ensure_mapped(at + n) {
@@ -503,8 +557,12 @@ impl GlobalState {
             debug_assert_eq!(s + n, self.top);
             let dirty = (*head).spare as usize;
             self.unlink_free(head);
-            if self.hole_units != 0 && (s..s + n).any(|k| (*desc(k)).limit == HOLE) {
-                // A span with holes stays a free span, of holes: its mapped
+            if self.hole_units != 0 && (s..s + n).any(|k| (*desc(k)).limit == HOLE) && !self.map_holes(s, n) {
+                // Its holes are mapped again above if they are still empty
+                // (then the whole span is the arena's and goes back as one,
+                // the top lowered; mapping them costs no memory).  If the
+                // OS refuses (the limit, or a mapping of the program's in a
+                // hole), the span stays a free span, of holes: its mapped
                 // runs go one by one (a hole may hold a mapping of the
                 // program's by now, which must neither be unmapped nor block
                 // the arena's growth, as it would above a lowered top), and
@@ -587,7 +645,15 @@ impl GlobalState {
                         j += 1;
                     }
                     // SAFETY: mapped just above, unused.
-                    unsafe { arena::unmap_units(r, j - r) };
+                    if !unsafe { arena::unmap_units(r, j - r) } {
+                        // Still mapped (the OS would not split the mapping):
+                        // mapped, clean units of the span, not holes.
+                        for u in r..j {
+                            // SAFETY: as above.
+                            unsafe { (*desc(u)).limit = 0 };
+                        }
+                        self.hole_units -= j - r;
+                    }
                 }
                 return false;
             }
@@ -605,9 +671,9 @@ impl GlobalState {
 
     /// Unmap the units of `s..s+n`, part of a free span, that are not holes
     /// already, addresses and all, in an arena that grows; they become holes.
-    /// A run the OS will not unmap (at its limit on mappings, a split of the
-    /// arena's mapping is refused) is decommitted instead and stays mapped,
-    /// clean.  Returns how many units that held memory (by their marks) were
+    /// A run shorter than [`MIN_HOLE_UNITS`], or one the OS will not unmap
+    /// (at its limit on mappings, a split of the arena's mapping is
+    /// refused), is decommitted instead and stays mapped, clean.  Returns how many units that held memory (by their marks) were
     /// given back.  The caller fixes the span's count of committed units.
     ///
     /// # Safety
@@ -628,7 +694,7 @@ impl GlobalState {
                     k += 1;
                 }
                 let dirty = dirty_units(run, k - run);
-                let mark = if arena::unmap_units(run, k - run) {
+                let mark = if k - run >= MIN_HOLE_UNITS && arena::unmap_units(run, k - run) {
                     self.hole_units += k - run;
                     HOLE
                 } else if canopy_sys::decommit(arena::unit_addr(desc(run)), (k - run) << UNIT_SHIFT).is_ok() {

@@ -230,12 +230,14 @@ pub fn snapshot() -> Stats {
     s.remote_batches += direct;
     let locked = crate::solo::lock();
     // SAFETY: global lock held.
-    let (g, committed, holes) = unsafe {
+    // The mapped length with the holes, under the lock: the global heap
+    // changes both only while it holds it.
+    let (g, committed, reserved) = unsafe {
         let g = global::state();
-        (g.stats, g.committed_bytes(), g.hole_units)
+        (g.stats, g.committed_bytes(), arena::mapped_units() - g.hole_units)
     };
     crate::solo::unlock(locked);
-    s.reserved_bytes = ((arena::mapped_units() - holes) * UNIT) as u64;
+    s.reserved_bytes = (reserved * UNIT) as u64;
     s.committed_bytes = committed as u64;
     s.resident_bytes = canopy_sys::resident_bytes().map(|v| v as u64);
     s.metadata_bytes = crate::meta::used() as u64 + batch_bytes;

@@ -236,6 +236,68 @@ fn main() {
         p.write_bytes(0x55, A);
         canopy_alloc::free(p);
     }
+    canopy_alloc::check_invariants().expect("invariants after the program's page went");
+
+    // Holes that join the top: a block freed above a hole merges with it into
+    // the free span at the top.  `collect` maps the holes again (they are
+    // still empty) and gives the whole span back, lowering the top; a span
+    // at the top whose holes cannot be mapped at that moment (here the limit
+    // is lowered) stays, and a request longer than it starts in it rather
+    // than above it, so its positions are not stranded: either way 500 MiB
+    // fit in the 768 MiB the arena may span.
+    const BIG: usize = 300 << 20;
+    for refused in [false, true] {
+        let a = canopy_alloc::alloc(BIG);
+        assert!(!a.is_null());
+        // C above A (free spans below A may take the first tries).
+        let mut below = Vec::new();
+        let c = loop {
+            let c = canopy_alloc::alloc(8 << 20);
+            assert!(!c.is_null());
+            if c as usize >= a as usize + BIG {
+                break c;
+            }
+            below.push(c);
+        };
+        for b in below {
+            // SAFETY: allocated above, freed once.
+            unsafe { canopy_alloc::free(b) };
+        }
+        // SAFETY: a has BIG bytes, c 8 MiB; each freed once.
+        unsafe {
+            a.write_bytes(0x66, BIG);
+            c.write_bytes(0x77, 8 << 20);
+            canopy_alloc::free(a);
+        }
+        canopy_alloc::collect();
+        // SAFETY: as above.
+        unsafe { canopy_alloc::free(c) };
+        if refused {
+            set_limit((vm_size() << 10) + (2 << 20));
+        }
+        canopy_alloc::collect();
+        set_limit(LIMIT);
+        canopy_alloc::check_invariants().expect("invariants after the top's holes");
+        let reserved = canopy_alloc::stats::snapshot().reserved_bytes as usize;
+        assert!(reserved < 64 << 20, "{reserved} bytes reserved with nothing large live (refused: {refused})");
+        if !refused {
+            let mapped = arena::mapped_units() * arena::UNIT;
+            assert!(mapped < 64 << 20, "the top lowered over the joined span: {mapped} bytes still mapped");
+        }
+        let p = canopy_alloc::alloc(500 << 20);
+        assert!(!p.is_null(), "500 MiB after the top's holes (refused: {refused})");
+        if refused {
+            assert_eq!(p, a, "the request starts in the span of holes at the top");
+        }
+        // SAFETY: p has 500 MiB.
+        unsafe {
+            p.write_bytes(0x88, 500 << 20);
+            assert_eq!(p.add((500 << 20) - 1).read(), 0x88);
+            canopy_alloc::free(p);
+        }
+        canopy_alloc::collect();
+        canopy_alloc::check_invariants().expect("invariants after 500 MiB");
+    }
     canopy_alloc::check_invariants().expect("invariants at the end");
     println!("grow_under_limit ok");
 }
