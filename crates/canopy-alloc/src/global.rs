@@ -711,6 +711,32 @@ impl GlobalState {
         given
     }
 
+    /// Unmap the mapped units of the free span headed by `d`, in its bin
+    /// (`unmap_runs`), and bring its count of committed units, its flags and
+    /// the counters up to date.  Returns the bytes of memory given back.
+    ///
+    /// # Safety
+    /// The caller holds the global lock; `d` heads a free span in a bin.
+    unsafe fn unmap_span(&mut self, d: *mut Desc) -> usize {
+        // SAFETY: the caller's contract; only the span's marks and counts
+        // change, not the lists.
+        unsafe {
+            let s = desc_index(d);
+            let n = (*d).a as usize;
+            let dirty = (*d).spare as usize;
+            let given = self.unmap_runs(s, n);
+            let left = dirty_units(s, n);
+            (*d).spare = left as u64;
+            (*d).flags = if left == 0 { SPAN_ZEROED } else { SPAN_COMMITTED };
+            self.free_committed_units -= dirty - left;
+            if given != 0 {
+                self.stats.bytes_decommitted += (given << UNIT_SHIFT) as u64;
+                self.stats.decommits += 1;
+            }
+            given << UNIT_SHIFT
+        }
+    }
+
     /// In an arena that grows, unmap every free span's units that are still
     /// mapped (`collect`): clean ones too, which hold addresses though no
     /// memory.  Returns the bytes of memory given back.
@@ -725,19 +751,7 @@ impl GlobalState {
                 // SAFETY: d heads a free span in a bin; only its units' marks
                 // and counts change, not the lists.
                 unsafe {
-                    let s = desc_index(d);
-                    let n = (*d).a as usize;
-                    let dirty = (*d).spare as usize;
-                    let g = self.unmap_runs(s, n);
-                    let left = dirty_units(s, n);
-                    (*d).spare = left as u64;
-                    (*d).flags = if left == 0 { SPAN_ZEROED } else { SPAN_COMMITTED };
-                    self.free_committed_units -= dirty - left;
-                    if g != 0 {
-                        self.stats.bytes_decommitted += (g << UNIT_SHIFT) as u64;
-                        self.stats.decommits += 1;
-                    }
-                    given += g << UNIT_SHIFT;
+                    given += self.unmap_span(d);
                     d = (*d).next;
                 }
             }
@@ -797,18 +811,7 @@ impl GlobalState {
                     if dirty != 0 && arena::arena_grows() {
                         // Addresses and all (holes), but never over a hole:
                         // the program may have mapped something there.
-                        let s = desc_index(d);
-                        let n = (*d).a as usize;
-                        let g = self.unmap_runs(s, n);
-                        let left = dirty_units(s, n);
-                        (*d).spare = left as u64;
-                        (*d).flags = if left == 0 { SPAN_ZEROED } else { SPAN_COMMITTED };
-                        self.free_committed_units -= dirty - left;
-                        if g != 0 {
-                            self.stats.bytes_decommitted += (g << UNIT_SHIFT) as u64;
-                            self.stats.decommits += 1;
-                            done += g << UNIT_SHIFT;
-                        }
+                        done += self.unmap_span(d);
                     } else if dirty != 0 {
                         // The whole span in one call: its clean units cost
                         // the kernel nearly nothing, but only the others count.

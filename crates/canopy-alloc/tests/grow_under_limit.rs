@@ -7,20 +7,15 @@
 //! library's whole unit-test suite also runs under `ulimit -v` in
 //! `scripts/test.sh`, so every path runs on an arena that grows.)
 
+mod common;
+
 use canopy_alloc::arena;
+use common::set_soft_limit;
 
 const LIMIT: usize = 768 << 20;
 
 fn main() {
-    // The hard limit stays (it may not be raised: `scripts/test.sh` runs
-    // this under `ulimit -v` too).
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: r is a valid out-pointer.
-    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) }, 0, "getrlimit");
-    assert!(r.rlim_max == libc::RLIM_INFINITY || r.rlim_max >= LIMIT as libc::rlim_t, "a hard limit below {LIMIT} bytes");
-    r.rlim_cur = LIMIT as libc::rlim_t;
-    // SAFETY: r is a valid rlimit.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &r) }, 0, "setrlimit");
+    set_soft_limit(LIMIT);
     assert_eq!(canopy_sys::address_space_limit(), Some(LIMIT));
 
     let first = canopy_alloc::alloc(100);
@@ -178,20 +173,11 @@ fn main() {
     canopy_alloc::collect();
     canopy_alloc::check_invariants().expect("invariants after making the hole again");
     // At the limit, a hole is not mapped again: null, nothing lost.
-    let set_limit = |bytes: usize| {
-        let r = libc::rlimit { rlim_cur: bytes as libc::rlim_t, rlim_max: libc::RLIM_INFINITY };
-        let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: valid rlimit pointers; the soft limit only (below the hard one).
-        unsafe {
-            assert_eq!(libc::getrlimit(libc::RLIMIT_AS, &mut cur), 0);
-            assert_eq!(libc::setrlimit(libc::RLIMIT_AS, &libc::rlimit { rlim_max: cur.rlim_max, ..r }), 0);
-        }
-    };
-    set_limit((vm_size() << 10) + (2 << 20));
+    set_soft_limit((vm_size() << 10) + (2 << 20));
     let p = canopy_alloc::calloc(1, A);
     assert!(p.is_null(), "no room under the limit for the hole to be mapped again");
     canopy_alloc::check_invariants().expect("invariants after a hole was refused");
-    set_limit(LIMIT);
+    set_soft_limit(LIMIT);
     let theirs = (a as usize + A / 2) & !4095;
     // SAFETY: a fixed mapping where nothing is mapped (the kernel refuses otherwise).
     let m = unsafe {
@@ -273,10 +259,10 @@ fn main() {
         // SAFETY: as above.
         unsafe { canopy_alloc::free(c) };
         if refused {
-            set_limit((vm_size() << 10) + (2 << 20));
+            set_soft_limit((vm_size() << 10) + (2 << 20));
         }
         canopy_alloc::collect();
-        set_limit(LIMIT);
+        set_soft_limit(LIMIT);
         canopy_alloc::check_invariants().expect("invariants after the top's holes");
         let reserved = canopy_alloc::stats::snapshot().reserved_bytes as usize;
         assert!(reserved < 64 << 20, "{reserved} bytes reserved with nothing large live (refused: {refused})");

@@ -11,6 +11,8 @@
 //! `CANOPY_STRESS_SCALE` (default 1; no test harness, so nothing of Canopy
 //! runs before the limit and the options are set).
 
+mod common;
+
 use std::sync::{Arc, Barrier, Mutex};
 
 const LIMIT: usize = 1 << 30;
@@ -42,13 +44,7 @@ fn check_and_free(b: Block) {
 }
 
 fn main() {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: r is a valid out-pointer.
-    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) }, 0, "getrlimit");
-    assert!(r.rlim_max == libc::RLIM_INFINITY || r.rlim_max >= LIMIT as libc::rlim_t, "a hard limit below {LIMIT} bytes");
-    r.rlim_cur = LIMIT as libc::rlim_t;
-    // SAFETY: r is a valid rlimit.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &r) }, 0, "setrlimit");
+    common::set_soft_limit(LIMIT);
     // Read when Canopy starts (below): one thread so far.
     std::env::set_var("CANOPY_RETAIN_MB", "0");
     std::env::set_var("CANOPY_DECAY_MS", "0");
