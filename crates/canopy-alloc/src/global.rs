@@ -331,16 +331,8 @@ impl GlobalState {
         // otherwise strand its positions below every fresh unit, and under
         // a limit the arena could not grow past them.
         if self.hole_units != 0 && self.top > 0 {
-            // SAFETY: top - 1 is an arena unit below top; its kind says
-            // whether it ends a free span, whose head its `next` points at.
-            let head = unsafe {
-                let last = desc(self.top - 1);
-                match (*last).kind {
-                    kind::FREE_SPAN => last,
-                    kind::FREE_BODY => (*last).next,
-                    _ => ptr::null_mut(),
-                }
-            };
+            // SAFETY: top - 1 is an arena unit below top.
+            let head = unsafe { span_ending_at(self.top - 1) };
             if !head.is_null() {
                 let s = desc_index(head);
                 let at = (s + align - 1) & !(align - 1);
@@ -543,15 +535,12 @@ impl GlobalState {
         if !arena::arena_grows() || self.top == 0 {
             return 0;
         }
-        // SAFETY: top - 1 is an arena unit below top; its kind says whether
-        // it ends a free span, whose head its `next` then points at.
+        // SAFETY: top - 1 is an arena unit below top.
         unsafe {
-            let last = desc(self.top - 1);
-            let head = match (*last).kind {
-                kind::FREE_SPAN => last,
-                kind::FREE_BODY => (*last).next,
-                _ => return 0,
-            };
+            let head = span_ending_at(self.top - 1);
+            if head.is_null() {
+                return 0;
+            }
             let s = desc_index(head);
             let n = (*head).a as usize;
             debug_assert_eq!(s + n, self.top);
@@ -616,53 +605,39 @@ impl GlobalState {
     /// # Safety
     /// The caller holds the global lock; the units belong to a free span.
     unsafe fn map_holes(&mut self, s: usize, n: usize) -> bool {
-        let hole = |k: usize| {
-            // SAFETY: free units of the arena (caller's contract).
-            unsafe { (*desc(k)).limit == HOLE }
-        };
         let mut k = s;
         let mut count = 0;
-        while k < s + n {
-            if !hole(k) {
-                k += 1;
-                continue;
-            }
-            let run = k;
-            while k < s + n && hole(k) {
-                k += 1;
-            }
-            if arena::map_again(run, k - run).is_err() {
-                // Undo: the runs before this one were holes and are mapped
-                // by this call alone.
+        // SAFETY (next_run): free units of the arena (caller's contract).
+        while let Some((run, stop)) = unsafe { next_run(k, s + n, true) } {
+            if arena::map_again(run, stop - run).is_err() {
+                // Undo: the holes before this run are mapped by this call
+                // alone (their marks change only below, on success).
                 let mut j = s;
-                while j < run {
-                    if !hole(j) {
-                        j += 1;
-                        continue;
-                    }
-                    let r = j;
-                    while j < run && hole(j) {
-                        j += 1;
-                    }
+                // SAFETY: as above.
+                while let Some((r, e)) = unsafe { next_run(j, run, true) } {
                     // SAFETY: mapped just above, unused.
-                    if !unsafe { arena::unmap_units(r, j - r) } {
+                    if !unsafe { arena::unmap_units(r, e - r) } {
                         // Still mapped (the OS would not split the mapping):
                         // mapped, clean units of the span, not holes.
-                        for u in r..j {
+                        for u in r..e {
                             // SAFETY: as above.
                             unsafe { (*desc(u)).limit = 0 };
                         }
-                        self.hole_units -= j - r;
+                        self.hole_units -= e - r;
                     }
+                    j = e;
                 }
                 return false;
             }
-            count += k - run;
+            count += stop - run;
+            k = stop;
         }
         for k in s..s + n {
-            if hole(k) {
-                // SAFETY: as above; the unit is mapped again and clean.
-                unsafe { (*desc(k)).limit = 0 };
+            // SAFETY: as above; a hole is mapped again now, and clean.
+            unsafe {
+                if (*desc(k)).limit == HOLE {
+                    (*desc(k)).limit = 0;
+                }
             }
         }
         self.hole_units -= count;
@@ -673,8 +648,9 @@ impl GlobalState {
     /// already, addresses and all, in an arena that grows; they become holes.
     /// A run shorter than [`MIN_HOLE_UNITS`], or one the OS will not unmap
     /// (at its limit on mappings, a split of the arena's mapping is
-    /// refused), is decommitted instead and stays mapped, clean.  Returns how many units that held memory (by their marks) were
-    /// given back.  The caller fixes the span's count of committed units.
+    /// refused), is decommitted instead and stays mapped, clean.  Returns
+    /// how many units that held memory (by their marks) were given back.
+    /// The caller fixes the span's count of committed units.
     ///
     /// # Safety
     /// The caller holds the global lock; the units belong to a free span (in
@@ -682,27 +658,21 @@ impl GlobalState {
     unsafe fn unmap_runs(&mut self, s: usize, n: usize) -> usize {
         let mut given = 0;
         let mut k = s;
-        while k < s + n {
-            // SAFETY: free units of the arena (caller's contract).
+        // SAFETY: free units of the arena (caller's contract).
+        while let Some((run, stop)) = unsafe { next_run(k, s + n, false) } {
+            k = stop;
+            // SAFETY: as above; the run is mapped by the arena and free.
             unsafe {
-                if (*desc(k)).limit == HOLE {
-                    k += 1;
-                    continue;
-                }
-                let run = k;
-                while k < s + n && (*desc(k)).limit != HOLE {
-                    k += 1;
-                }
-                let dirty = dirty_units(run, k - run);
-                let mark = if k - run >= MIN_HOLE_UNITS && arena::unmap_units(run, k - run) {
-                    self.hole_units += k - run;
+                let dirty = dirty_units(run, stop - run);
+                let mark = if stop - run >= MIN_HOLE_UNITS && arena::unmap_units(run, stop - run) {
+                    self.hole_units += stop - run;
                     HOLE
-                } else if canopy_sys::decommit(arena::unit_addr(desc(run)), (k - run) << UNIT_SHIFT).is_ok() {
+                } else if canopy_sys::decommit(arena::unit_addr(desc(run)), (stop - run) << UNIT_SHIFT).is_ok() {
                     0
                 } else {
                     continue;
                 };
-                for j in run..k {
+                for j in run..stop {
                     (*desc(j)).limit = mark;
                 }
                 given += dirty;
@@ -925,6 +895,36 @@ fn now_ms() -> u64 {
 /// A test's clock for the decommit delay (0: the real clock).
 #[cfg(test)]
 pub(crate) static TEST_NOW_MS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// The head of the free span whose last unit is `last`, or null if that
+/// unit is not free.
+///
+/// # Safety
+/// `last` is an arena unit below the global heap's top.
+unsafe fn span_ending_at(last: usize) -> *mut Desc {
+    // SAFETY: forwarded; a free span's last unit points at its head.
+    unsafe {
+        let d = desc(last);
+        match (*d).kind {
+            kind::FREE_SPAN => d,
+            kind::FREE_BODY => (*d).next,
+            _ => ptr::null_mut(),
+        }
+    }
+}
+
+/// The first run of units in `from..end` whose marks are holes (`hole`) or
+/// not: `(start, end)` of it, or None.
+///
+/// # Safety
+/// The units are free units of the arena (their clean marks are read).
+unsafe fn next_run(from: usize, end: usize, hole: bool) -> Option<(usize, usize)> {
+    // SAFETY: forwarded.
+    let is = |k: usize| unsafe { ((*desc(k)).limit == HOLE) == hole };
+    let start = (from..end).find(|&k| is(k))?;
+    let stop = (start..end).find(|&k| !is(k)).unwrap_or(end);
+    Some((start, stop))
+}
 
 /// How many of the units `idx..idx+n` may hold memory: their clean mark
 /// (`Desc::limit` of a free unit, see `GlobalState::free_span`) is neither
