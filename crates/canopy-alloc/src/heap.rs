@@ -36,9 +36,13 @@
 //! multiple of 64 bytes), by a thread that allocates in that class, is
 //! first *kept* by the freeing thread, up to
 //! `CANOPY_KEEP_KB` per class (see [`Heap::keep`]): its next allocation of
-//! the class takes it back, still in its cache.  Kept blocks stay marked in
-//! flight (live for their owner) until then, or until the thread exits or
-//! calls `collect()`, which send them home.
+//! the class takes it back, still in its cache.  The same list takes the
+//! blocks of any class and any heap, this one's included, that the thread
+//! frees through the unchecked rich interface (`free_class_unchecked`,
+//! whose caller vouches for the block and its class).  Kept blocks stay
+//! marked in flight (live for their owner) until then, or until the thread
+//! exits or calls `collect()`, which send them home (a block of this heap
+//! goes straight back into its slab).
 //!
 //! A heap outlives its thread: when the thread exits, the heap is *abandoned*
 //! (its slabs lose their owner, empty pages go back to the global heap) and
@@ -51,7 +55,7 @@
 //!   `cursors[c]` for every size granule `g` of class `c`.
 //! - A cursor's kept blocks and its `kept_room` add up to the class's cap
 //!   ([`kept_cap`], 0 in check mode); every kept block is a block of the
-//!   class in another heap's slab, marked in flight.
+//!   class in a small slab (of any heap), marked in flight.
 //! - A slab on `avail[c]` has no FULL flag; a slab on `full[c]` has it.
 //! - Every slab's `heap` is this heap; `owner` is `tid` for the slabs on
 //!   `avail` while the heap is live outside check mode, and 0 for the slabs on
@@ -109,33 +113,48 @@ pub(crate) struct Cursor {
     /// The slab the word belongs to (`EMPTY_DESC` with `ZERO_WORD`).
     pub(crate) desc: *mut Desc,
     /// Blocks the fast path took through this cursor, not yet added to the
-    /// heap's allocation count (see `Heap::settle`).
-    pub(crate) taken: u32,
+    /// heap's allocation count (see `Heap::settle`).  (A `u64` beside the
+    /// `u32` room: two `u32` counters side by side were bumped together
+    /// with four vector instructions where two plain ones do.)
+    pub(crate) taken: u64,
     /// How many more blocks the kept list may take (0: none, always in
-    /// check mode and for classes whose blocks share cache lines).
+    /// check mode).
     pub(crate) kept_room: u32,
-    /// Blocks of this class from other heaps that this thread freed, kept
-    /// for its next allocations of the class (see [`Heap::keep`]): a stack
-    /// linked through the blocks' first words.  Each carries `flight_tag()`
-    /// (its owner counts it live, and a second free is refused) until it is
-    /// allocated again or sent to its owner.
+    /// Blocks of this class that this thread freed, kept for its next
+    /// allocations of the class: of other heaps (see [`Heap::keep`]), or of
+    /// any heap through `free_class_unchecked`.  A stack linked through the
+    /// blocks' first words.  Each carries `flight_tag()` (its owner counts
+    /// it live, and a second checked free is refused) until it is allocated
+    /// again or sent home.
     pub(crate) kept: *mut Block,
+    /// To 64 bytes: a class index finds its cursor with one shift.
+    _pad: u64,
 }
 
+const _: () = assert!(core::mem::size_of::<Cursor>() == 64);
+
 /// Room of class `c`'s kept list (see [`Heap::keep`]): `keep_bytes`
-/// (`CANOPY_KEEP_KB`) of blocks, at least one, for classes whose blocks are
-/// whole cache lines (sizes that are multiples of 64: a slab is 64 KiB
-/// aligned and its slots start at multiples of the size, so such a block
-/// shares no line with another block); 0 for the others, where a thread
-/// reusing a block that other threads' blocks sit next to would share that
-/// line with them, and 0 for every class when `keep_bytes` is 0.
+/// (`CANOPY_KEEP_KB`) of blocks, at least one; 0 for every class when
+/// `keep_bytes` is 0.  (Which blocks a remote free may keep is
+/// [`keeps_remote`]'s rule.)
 pub(crate) fn kept_cap(c: usize, keep_bytes: usize) -> u32 {
-    let size = class_size(c);
-    if keep_bytes == 0 || size % 64 != 0 {
+    if keep_bytes == 0 {
         0
     } else {
-        (keep_bytes / size).max(1) as u32
+        (keep_bytes / class_size(c)).max(1) as u32
     }
+}
+
+/// Whether a remote free of a block of slot size `size` may be kept
+/// ([`Heap::keep`]): only where blocks are whole cache lines (sizes that
+/// are multiples of 64: a slab is 64 KiB aligned and its slots start at
+/// multiples of the size, so such a block shares no line with another
+/// block).  Elsewhere a thread reusing a block that other threads' blocks
+/// sit next to would share that line with them.  (An unchecked free keeps
+/// a block of any class: its caller chose that interface.)
+#[inline(always)]
+pub(crate) fn keeps_remote(size: usize) -> bool {
+    size % 64 == 0
 }
 
 /// Slow-path visits between two sweeps for empty slabs, at least (see
@@ -156,6 +175,7 @@ impl Cursor {
             taken: 0,
             kept_room: 0,
             kept: ptr::null_mut(),
+            _pad: 0,
         }
     }
 }
@@ -281,16 +301,18 @@ impl HeapCounters {
 pub(crate) const DIRECT_LEN: usize = SMALL_MAX / 16 + 1;
 
 /// A thread's local heap.  `repr(C)` with the fast-path arrays first, so the
-/// fast path reaches a slab with one load from the heap pointer.
+/// fast path reaches a slab with one load from the heap pointer; the cursors
+/// at offset 0, where a class index finds its cursor with one instruction
+/// fewer than past the direct table.
 #[repr(C)]
 pub struct Heap {
+    /// The allocation cursor of each small class.
+    pub(crate) cursors: [Cursor; SMALL_CLASSES],
     /// The cursor of each 16-byte granule of the size:
     /// `direct[(size + 15) / 16] == &cursors[class of size]`, so `malloc`
     /// needs no size-to-class step (mimalloc's `pages_free_direct`).  Set
     /// once when the heap is built (the heap never moves).
     pub(crate) direct: [*mut Cursor; DIRECT_LEN],
-    /// The allocation cursor of each small class.
-    pub(crate) cursors: [Cursor; SMALL_CLASSES],
     /// Small allocations, but for those the cursors count and have not
     /// settled yet (owner-only).
     pub(crate) allocs: u64,
@@ -609,7 +631,7 @@ impl Heap {
     fn settle(&mut self, c: usize) {
         let cur = &mut self.cursors[c];
         if cur.taken != 0 {
-            self.allocs += cur.taken as u64;
+            self.allocs += cur.taken;
             cur.taken = 0;
         }
     }
@@ -938,8 +960,9 @@ impl Heap {
     }
 
     /// Keep `p`, a block of class `c` of another heap, for this thread's next
-    /// allocation of the class, if the class's kept list has room and the
-    /// thread allocates in that class (its cursor has a current slab: a
+    /// allocation of the class, if the class's blocks are whole cache lines
+    /// ([`keeps_remote`]), its kept list has room and the thread allocates
+    /// in that class (its cursor has a current slab: a
     /// thread that only frees, such as a consumer or a counting thread,
     /// keeps nothing); false, changing nothing, otherwise.  The caller has
     /// validated the block (a live block of a small slab of another heap)
@@ -952,7 +975,7 @@ impl Heap {
     pub(crate) unsafe fn keep(&mut self, c: usize, p: *mut u8) -> bool {
         // SAFETY: c is a small class (caller's contract); the cursor is ours.
         let k = unsafe { self.cursors.get_unchecked_mut(c) };
-        if k.kept_room == 0 || k.desc == empty_desc() {
+        if k.kept_room == 0 || k.desc == empty_desc() || !keeps_remote(k.size) {
             return false;
         }
         k.kept_room -= 1;
@@ -964,8 +987,9 @@ impl Heap {
         true
     }
 
-    /// Send every kept block to its owner (see [`keep`](Self::keep)): at
-    /// thread exit, in `collect()`, and in tests.
+    /// Send every kept block to its owner (see [`keep`](Self::keep)), or
+    /// back into its slab if it is this heap's: at thread exit, in
+    /// `collect()`, and in tests.
     ///
     /// # Safety
     /// Called by this heap's thread.
@@ -977,15 +1001,19 @@ impl Heap {
                 continue;
             }
             self.cursors[c].kept = ptr::null_mut();
-            // SAFETY: the kept blocks are dead blocks of other heaps marked in
-            // flight (see `keep`); their descriptors say whose.
+            // SAFETY: the kept blocks are dead small blocks marked in flight
+            // (see `keep` and `free_class_unchecked`); their descriptors say
+            // whose.
             unsafe {
                 while !b.is_null() {
                     let next = (*b).next;
                     self.cursors[c].kept_room += 1;
                     let owner = (*desc(arena::unit_index(b as usize))).heap.load(Ordering::Relaxed);
-                    debug_assert!(owner != me, "a kept block of the keeping heap");
-                    self.free_remote(owner, b as *mut u8);
+                    if owner == me {
+                        self.free_sent_home(b as *mut u8);
+                    } else {
+                        self.free_remote(owner, b as *mut u8);
+                    }
                     b = next;
                 }
             }
@@ -1403,7 +1431,7 @@ impl Heap {
         for (i, v) in counters.iter().enumerate() {
             self.published.counters[i].store(*v, Ordering::Relaxed);
         }
-        let unsettled: u64 = self.cursors.iter().map(|k| k.taken as u64).sum();
+        let unsettled: u64 = self.cursors.iter().map(|k| k.taken).sum();
         self.published.small_allocs.store((self.allocs + unsettled).saturating_sub(self.batches_made), Ordering::Relaxed);
         self.published.pages.store((self.small_pages + self.medium.pages) as u64, Ordering::Relaxed);
     }
@@ -1525,8 +1553,7 @@ impl Heap {
 
     /// The kept list of class `c` (see [`keep`](Self::keep)): its blocks and
     /// its room add up to the class's cap (both 0 in check mode); every
-    /// block is a block of class `c` of another heap's slab, marked in
-    /// flight.
+    /// block is a block of class `c` of a small slab, marked in flight.
     fn check_kept(&self, c: usize, check_mode: bool) -> Result<(), &'static str> {
         let k = &self.cursors[c];
         let cap = if check_mode { 0 } else { kept_cap(c, crate::options().keep_bytes) };
@@ -1546,9 +1573,6 @@ impl Heap {
                 let d = desc(idx);
                 if (*d).kind != kind::SMALL || (*d).class as usize != c {
                     return Err("a kept block is not a small block of its class");
-                }
-                if ptr::eq((*d).heap.load(Ordering::Relaxed), self) {
-                    return Err("a kept block belongs to the keeping heap");
                 }
                 if (*b).tag != flight_tag() {
                     return Err("a kept block is not marked in flight");

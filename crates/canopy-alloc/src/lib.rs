@@ -679,6 +679,79 @@ pub unsafe fn free_class_index(p: *mut u8, cls: usize) {
     unsafe { free_inner(p, "free_class", HINT_CLASS | cls) }
 }
 
+/// Free a block of class `cls` without checking it: the rich interface for
+/// callers that know every block they free is live, allocated with class
+/// `cls` (or a size in it) and freed once, such as a runtime whose frees
+/// come from its own reference counts or from Rust ownership.
+///
+/// A small block goes onto this thread's kept list of the class (see
+/// `Heap::keep`) while it has room, whichever heap it belongs to, and the
+/// thread's next allocation of the class takes it back, still in its cache:
+/// no descriptor is read and no bitmap written.  The block stays marked in
+/// flight meanwhile, so a second free of it through [`free`] or
+/// [`free_class`] is still refused; only a second unchecked free goes
+/// unnoticed (the block would then be handed out twice).  The list's room is
+/// `CANOPY_KEEP_KB` of blocks per class (at least one); a full list, a
+/// medium or large class, check mode (`CANOPY_CHECK=1` and debug builds,
+/// where the room is 0) and a thread that never allocated take the checked
+/// path of [`free_class`].  Kept blocks go home when the thread exits or
+/// calls [`collect`].
+///
+/// # Safety
+/// `p` is a live block of this allocator that [`alloc_class`]`(cls)` or
+/// [`alloc`] of a size in class `cls` returned (not a block that
+/// [`realloc`] resized, an aligned allocation or a descriptor allocation,
+/// whose class may be another), and it is not used or freed again.  A
+/// wrong class puts the block on another class's list, which hands it out
+/// for larger requests.
+#[inline(always)]
+pub unsafe fn free_class_unchecked(p: *mut u8, cls: SizeClass) {
+    // SAFETY: forwarded.
+    unsafe { free_class_index_unchecked(p, cls.index()) }
+}
+
+/// [`free_class_unchecked`] by class index (C's
+/// `canopy_free_class_unchecked`); an index that is no class takes the
+/// checked path, which reports the block if the index was wrong for it.
+///
+/// # Safety
+/// As for [`free_class_unchecked`].
+#[inline(always)]
+pub unsafe fn free_class_index_unchecked(p: *mut u8, cls: usize) {
+    if cls < SMALL_CLASSES {
+        let h = tls_heap();
+        // SAFETY: h is this thread's heap, or EMPTY_HEAP, whose cursors
+        // have no room (nothing is written to it); cls < SMALL_CLASSES.  The
+        // caller vouches that p is a live block of class cls, at least 16
+        // bytes, so its first two words are ours to write.
+        unsafe {
+            let k = (*h).cursors.get_unchecked_mut(cls);
+            if k.kept_room != 0 {
+                k.kept_room -= 1;
+                let b = p as *mut Block;
+                (*b).next = k.kept;
+                // In flight (see arena::Block): live for its owner, and a
+                // checked free of it is refused.
+                (*b).tag = flight_tag();
+                k.kept = b;
+                return;
+            }
+        }
+    }
+    // SAFETY: forwarded.
+    unsafe { free_unchecked_full(p, cls) }
+}
+
+/// The checked free for [`free_class_index_unchecked`]'s other cases.
+///
+/// # Safety
+/// As for [`free_class_unchecked`].
+#[inline(never)]
+unsafe fn free_unchecked_full(p: *mut u8, cls: usize) {
+    // SAFETY: forwarded.
+    unsafe { free_inner(p, "free_class_unchecked", HINT_CLASS | cls) }
+}
+
 /// Allocate one block of class index `cls` (C's `canopy_alloc_class`): null
 /// with `errno = EINVAL` if `cls` is no class.  Small classes are decided by
 /// one compare.

@@ -2538,7 +2538,7 @@ fn blocks_that_share_cache_lines_are_never_kept() {
     for size in [16, 48, 80, 112, 160, 224] {
         let c = small_class_index(size);
         assert!(crate::size_class::class_size(c) % 64 != 0);
-        assert_eq!(crate::heap::kept_cap(c, options().keep_bytes), 0, "class of {size} B");
+        assert!(!crate::heap::keeps_remote(crate::size_class::class_size(c)), "class of {size} B");
         let blocks: Vec<usize> = (0..8).map(|_| alloc(size) as usize).collect();
         let kept = on_thread_with_heap(move || {
             activate(size);
@@ -2552,7 +2552,9 @@ fn blocks_that_share_cache_lines_are_never_kept() {
         assert_eq!(kept, (0, 0), "{size} B blocks were kept");
     }
     for size in [64, 128, 192, 256, 320, 8192] {
-        assert!(crate::heap::kept_cap(small_class_index(size), 4096) >= 1, "{size} B blocks are whole lines");
+        let c = small_class_index(size);
+        assert!(crate::heap::keeps_remote(crate::size_class::class_size(c)), "{size} B blocks are whole lines");
+        assert!(crate::heap::kept_cap(c, 4096) >= 1);
         assert_eq!(crate::heap::kept_cap(small_class_index(size), 0), 0, "CANOPY_KEEP_KB=0 keeps nothing");
     }
     collect();
@@ -2718,4 +2720,153 @@ fn metadata_pages_share_way_hashes_only_with_late_units() {
             }
         }
     }
+}
+
+// ----- the unchecked rich free -----
+
+/// Whether small block `p` is free in its slab's bitmap.
+fn free_in_bitmap(p: usize) -> bool {
+    // SAFETY: p lies in a SMALL unit that a live block of the test pins.
+    unsafe {
+        let d = desc(unit_index(p));
+        assert_eq!((*d).kind, kind::SMALL);
+        crate::heap::small_slot(d, p as *mut u8).expect("p starts a slot").1
+    }
+}
+
+#[test]
+fn unchecked_frees_are_kept_and_the_next_allocations_of_the_class_take_them_newest_first() {
+    let _g = shared();
+    let c = small_class_index(100);
+    let cls = SizeClass::from_index(c).unwrap();
+    let check_mode = options().check;
+    let cap = if check_mode { 0 } else { crate::heap::kept_cap(c, options().keep_bytes) as usize };
+    on_thread_with_heap(move || {
+        let n = cap + 3;
+        let blocks: Vec<usize> = (0..n).map(|_| alloc_class(cls) as usize).collect();
+        assert_eq!(kept_of(c), (0, cap as u32));
+        for &p in &blocks {
+            // SAFETY: live blocks of class cls, each freed once.
+            unsafe { free_class_unchecked(p as *mut u8, cls) };
+        }
+        // The first `cap` frees are kept (live for the heap), the others go
+        // the checked way, into their slab.
+        assert_eq!(kept_of(c), (cap, 0));
+        for (i, &p) in blocks.iter().enumerate() {
+            assert_eq!(free_in_bitmap(p), i >= cap, "block {i} of {n}");
+        }
+        check_invariants().unwrap();
+        // Allocations by size and by class take them back, newest first.
+        let again: Vec<usize> = (0..cap).map(|i| if i % 2 == 0 { alloc(100) } else { alloc_class(cls) } as usize).collect();
+        let want: Vec<usize> = blocks[..cap].iter().rev().copied().collect();
+        assert_eq!(again, want);
+        assert_eq!(kept_of(c), (0, cap as u32));
+        for p in again {
+            unsafe { free(p as *mut u8) };
+        }
+        check_invariants().unwrap();
+    });
+}
+
+#[test]
+fn a_block_freed_unchecked_is_refused_by_a_checked_free_and_handed_out_once() {
+    let _g = serial();
+    if options().check || options().keep_bytes == 0 {
+        return; // check mode takes the checked path (and aborts on the bad free)
+    }
+    let before = report::bad_frees();
+    let cls = SizeClass::of(100).unwrap();
+    on_thread_with_heap(move || {
+        let p = alloc_class(cls);
+        unsafe { free_class_unchecked(p, cls) };
+        // Both refused: the kept block is marked in flight.
+        unsafe { free(p) };
+        unsafe { free_class(p, cls) };
+        let a = alloc_class(cls);
+        let b = alloc_class(cls);
+        assert_eq!(a, p);
+        assert_ne!(b, p);
+        unsafe {
+            free(a);
+            free(b);
+        }
+        check_invariants().unwrap();
+    });
+    assert_eq!(report::bad_frees(), before + 2);
+}
+
+#[test]
+fn blocks_freed_unchecked_go_home_at_collect_and_at_thread_exit() {
+    let _g = serial();
+    let before = report::bad_frees();
+    let cls = SizeClass::of(48).unwrap();
+    let c = cls.index();
+    let kept_mode = !options().check && options().keep_bytes != 0;
+    // The test thread's blocks, freed unchecked by another thread; a pin
+    // keeps their slab from going back while the test looks at it.
+    let pin = alloc_class(cls) as usize;
+    let theirs: Vec<usize> = (0..3).map(|_| alloc_class(cls) as usize).collect();
+    let theirs2 = theirs.clone();
+    let (own_pin, own_late) = on_thread_with_heap(move || {
+        let pin = alloc_class(cls) as usize;
+        let mine: Vec<usize> = (0..3).map(|_| alloc_class(cls) as usize).collect();
+        for &p in mine.iter().chain(&theirs2) {
+            unsafe { free_class_unchecked(p as *mut u8, cls) };
+        }
+        let cap = crate::heap::kept_cap(c, options().keep_bytes) as usize;
+        assert_eq!(kept_of(c).0, if kept_mode { cap.min(6) } else { 0 });
+        for &p in &mine {
+            assert_eq!(free_in_bitmap(p), !kept_mode, "own block kept: live for its slab");
+        }
+        check_invariants().unwrap();
+        // collect() sends the kept blocks home: this heap's back into the
+        // slab, the others to their owner.
+        collect();
+        assert_eq!(kept_of(c).0, 0);
+        for &p in &mine {
+            assert!(free_in_bitmap(p), "own block back in its slab after collect");
+        }
+        check_invariants().unwrap();
+        // Kept again, then the thread exits with them.
+        let late: Vec<usize> = (0..3).map(|_| alloc_class(cls) as usize).collect();
+        for &p in &late {
+            unsafe { free_class_unchecked(p as *mut u8, cls) };
+        }
+        (pin, late)
+    });
+    // The exited thread's kept blocks went back into its (abandoned) slab.
+    for &p in &own_late {
+        assert!(free_in_bitmap(p), "own block back in its slab at thread exit");
+    }
+    // Ours came home in a batch, which collect() takes in.
+    collect();
+    for &p in &theirs {
+        assert!(free_in_bitmap(p), "the owner's block back in its slab");
+    }
+    check_invariants().unwrap();
+    unsafe {
+        free(own_pin as *mut u8);
+        free(pin as *mut u8);
+    }
+    assert_eq!(report::bad_frees(), before, "no free was refused");
+}
+
+#[test]
+fn unchecked_frees_of_medium_blocks_take_the_checked_path() {
+    let _g = shared();
+    on_thread_with_heap(|| {
+        for size in [10_000usize, 200_000] {
+            let cls = SizeClass::of(size).unwrap();
+            let p = alloc_class(cls);
+            assert!(!p.is_null());
+            fill(p, size, 7);
+            // SAFETY: a live block of class cls, freed once.
+            unsafe { free_class_unchecked(p, cls) };
+            // Freed into its bin, whose next allocation of the class it is.
+            let q = alloc_class(cls);
+            assert_eq!(q, p, "{size} B");
+            unsafe { free_class_unchecked(q, cls) };
+        }
+        check_invariants().unwrap();
+    });
 }

@@ -15,6 +15,10 @@ enum Op {
     Realloc(usize, usize),
     Free(usize),
     Class(usize),
+    /// `free_class_unchecked` of a block from `Alloc` or `Class` (others
+    /// are freed with `free`: the unchecked free needs the class the block
+    /// was allocated with).
+    FreeUnchecked(usize),
 }
 
 fn size() -> impl Strategy<Value = usize> {
@@ -34,6 +38,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (any::<usize>(), size()).prop_map(|(i, s)| Op::Realloc(i, s)),
         4 => any::<usize>().prop_map(Op::Free),
         1 => (0usize..canopy_alloc::NUM_CLASSES).prop_map(Op::Class),
+        2 => any::<usize>().prop_map(Op::FreeUnchecked),
     ]
 }
 
@@ -41,6 +46,8 @@ struct Live {
     p: *mut u8,
     n: usize,
     byte: u8,
+    /// The class the block was allocated with (`Alloc`, `Class`).
+    cls: Option<canopy_alloc::SizeClass>,
 }
 
 fn fill(l: &Live) {
@@ -86,7 +93,12 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     let disjoint = p as usize + n.max(1) <= l.p as usize || l.p as usize + l.n.max(1) <= p as usize;
                     prop_assert!(disjoint, "new block overlaps a live one");
                 }
-                let l = Live { p, n, byte: next_byte };
+                let cls = match op {
+                    Op::Alloc(_) => canopy_alloc::SizeClass::of(n.max(1)),
+                    Op::Class(c) => canopy_alloc::SizeClass::from_index(c),
+                    _ => None,
+                };
+                let l = Live { p, n, byte: next_byte, cls };
                 fill(&l);
                 live.push(l);
             }
@@ -104,9 +116,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     continue;
                 }
                 prop_assert!(!q.is_null());
-                let kept = Live { p: q, n: old.n.min(n), byte: old.byte };
+                let kept = Live { p: q, n: old.n.min(n), byte: old.byte, cls: None };
                 prop_assert!(intact(&kept), "realloc {} -> {} lost data", old.n, n);
-                let l = Live { p: q, n, byte: next_byte };
+                let l = Live { p: q, n, byte: next_byte, cls: None };
                 fill(&l);
                 live.push(l);
             }
@@ -118,6 +130,21 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 prop_assert!(intact(&l));
                 // SAFETY: l.p is live.
                 unsafe { canopy_alloc::free(l.p) };
+            }
+            Op::FreeUnchecked(i) => {
+                if live.is_empty() {
+                    continue;
+                }
+                let l = live.swap_remove(i % live.len());
+                prop_assert!(intact(&l));
+                // SAFETY: l.p is live, allocated with class cls (or a size in
+                // it), and freed once.
+                unsafe {
+                    match l.cls {
+                        Some(c) => canopy_alloc::free_class_unchecked(l.p, c),
+                        None => canopy_alloc::free(l.p),
+                    }
+                }
             }
         }
         for l in &live {

@@ -23,6 +23,8 @@
  *                computed once with canopy_size_class (run under canopy only;
  *                the symbols are looked up with dlsym so this file links
  *                without canopy)
+ *        unchecked  as rich, freeing with canopy_free_class_unchecked (the
+ *                caller vouches for every block: no checks)
  *        bound   compute only: each thread allocates its temporary once
  *
  * Output (one line):
@@ -166,13 +168,18 @@ static void *worker(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc != 6) {
-        fprintf(stderr, "usage: sac malloc|rich|bound X N ITERS THREADS\n");
+        fprintf(stderr, "usage: sac malloc|rich|unchecked|bound X N ITERS THREADS\n");
         return 2;
     }
+    const char *free_name = "canopy_free_class";
     if (strcmp(argv[1], "malloc") == 0) g_mode = MODE_MALLOC;
     else if (strcmp(argv[1], "rich") == 0) g_mode = MODE_RICH;
+    else if (strcmp(argv[1], "unchecked") == 0) {
+        g_mode = MODE_RICH;
+        free_name = "canopy_free_class_unchecked";
+    }
     else if (strcmp(argv[1], "bound") == 0) g_mode = MODE_BOUND;
-    else die("unknown mode (expected malloc, rich or bound)");
+    else die("unknown mode (expected malloc, rich, unchecked or bound)");
     g_x = atol(argv[2]);
     long n = atol(argv[3]);
     g_iters = atoi(argv[4]);
@@ -183,10 +190,11 @@ int main(int argc, char **argv) {
     if (g_mode == MODE_RICH) {
         p_size_class = (canopy_class_t(*)(size_t))dlsym(RTLD_DEFAULT, "canopy_size_class");
         p_alloc_class = (void *(*)(canopy_class_t))dlsym(RTLD_DEFAULT, "canopy_alloc_class");
-        p_free_class = (void (*)(void *, canopy_class_t))dlsym(RTLD_DEFAULT, "canopy_free_class");
+        p_free_class = (void (*)(void *, canopy_class_t))dlsym(RTLD_DEFAULT, free_name);
         if (!p_size_class || !p_alloc_class || !p_free_class) {
-            die("mode rich needs canopy's rich interface (canopy_size_class, canopy_alloc_class, "
-                "canopy_free_class): run with LD_PRELOAD=libcanopy_malloc.so");
+            fprintf(stderr, "sac: mode %s needs canopy's rich interface (canopy_size_class, canopy_alloc_class, %s)\n",
+                    argv[1], free_name);
+            die("run with LD_PRELOAD=libcanopy_malloc.so");
         }
         g_class = p_size_class((size_t)g_x * sizeof(int));
         if (g_class == CANOPY_CLASS_NONE) die("temporary too large for a size class");

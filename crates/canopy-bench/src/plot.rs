@@ -50,6 +50,8 @@ const COLORS: &[RGBColor] = &[
     RGBColor(0x01, 0x66, 0x5e), // rs-canopy-global: dark green
     RGBColor(0x8c, 0xd9, 0xb0), // rs-canopy-rich
     RGBColor(0xdd, 0xdd, 0xdd), // rs-bound
+    RGBColor(0xa1, 0xd9, 0x9b), // canopy-unchecked: pale green
+    RGBColor(0xc7, 0xe9, 0xc0), // rs-canopy-unchecked
     RGBColor(0xe7, 0x29, 0x8a),
     RGBColor(0xa6, 0x76, 0x1d),
 ];
@@ -69,6 +71,8 @@ pub fn color(name: &str, i: usize) -> RGBColor {
         "rs-canopy-global",
         "rs-canopy-rich",
         "rs-bound",
+        "canopy-unchecked",
+        "rs-canopy-unchecked",
     ];
     match fixed.iter().position(|f| *f == name) {
         Some(k) => COLORS[k % COLORS.len()],

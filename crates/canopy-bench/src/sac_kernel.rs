@@ -27,6 +27,8 @@ pub enum Mode {
     CanopyGlobal,
     /// Canopy's rich interface: class computed once, `alloc_class`/`free_class`.
     CanopyRich,
+    /// The same with `free_class_unchecked` (the caller vouches for the block).
+    CanopyUnchecked,
     /// Compute only: one temporary per thread, allocated before the loop.
     Bound,
 }
@@ -38,6 +40,7 @@ impl Mode {
             Mode::System => "system",
             Mode::CanopyGlobal => "canopy-global",
             Mode::CanopyRich => "canopy-rich",
+            Mode::CanopyUnchecked => "canopy-unchecked",
             Mode::Bound => "bound",
         }
     }
@@ -48,6 +51,7 @@ impl Mode {
             Mode::System,
             Mode::CanopyGlobal,
             Mode::CanopyRich,
+            Mode::CanopyUnchecked,
             Mode::Bound,
         ]
         .into_iter()
@@ -181,7 +185,7 @@ fn worker(
                     black_box(t.as_mut_ptr());
                     fill_and_sum(&mut t, idx)
                 }
-                Mode::CanopyRich => {
+                Mode::CanopyRich | Mode::CanopyUnchecked => {
                     let cls = class.expect("class computed for rich mode");
                     let raw = canopy_alloc::alloc_class(cls);
                     if raw.is_null() {
@@ -194,8 +198,15 @@ fn worker(
                         std::slice::from_raw_parts_mut(raw as *mut MaybeUninit<i32>, p.x)
                     };
                     let v = fill_and_sum(t, idx);
-                    // SAFETY: raw came from alloc_class(cls) and is freed once.
-                    unsafe { canopy_alloc::free_class(raw, cls) };
+                    // SAFETY: raw came from alloc_class(cls), is freed once
+                    // and not used after.
+                    unsafe {
+                        if mode == Mode::CanopyUnchecked {
+                            canopy_alloc::free_class_unchecked(raw, cls)
+                        } else {
+                            canopy_alloc::free_class(raw, cls)
+                        }
+                    };
                     v
                 }
                 Mode::Bound => fill_and_sum(own.as_mut().expect("bound temporary"), idx),
@@ -225,7 +236,7 @@ pub fn run(p: Params, mode: Mode) -> Result<Outcome, String> {
     if p.x == 0 || p.n < p.x || p.iters == 0 || p.threads == 0 {
         return Err("need X >= 1, N >= X, ITERS >= 1, THREADS >= 1".into());
     }
-    let class = if mode == Mode::CanopyRich {
+    let class = if matches!(mode, Mode::CanopyRich | Mode::CanopyUnchecked) {
         Some(
             SizeClass::of(p.x * 4)
                 .ok_or_else(|| format!("a temporary of {} bytes has no size class", p.x * 4))?,
@@ -377,8 +388,10 @@ mod tests {
                 iters: 2,
                 threads,
             };
-            let o = run(p, Mode::CanopyRich).unwrap();
-            assert_eq!(o.checksum, expected_checksum(100, 20_000, 2));
+            for mode in [Mode::CanopyRich, Mode::CanopyUnchecked] {
+                let o = run(p, mode).unwrap();
+                assert_eq!(o.checksum, expected_checksum(100, 20_000, 2), "{mode:?}");
+            }
         }
     }
 
@@ -388,6 +401,7 @@ mod tests {
             Mode::System,
             Mode::CanopyGlobal,
             Mode::CanopyRich,
+            Mode::CanopyUnchecked,
             Mode::Bound,
         ] {
             assert_eq!(Mode::parse(m.name()), Some(m));

@@ -223,6 +223,21 @@ pub unsafe extern "C" fn canopy_free_class(p: *mut c_void, cls: u32) {
 /// See `canopy.h`.
 ///
 /// # Safety
+/// `p` is a live block of class `cls` (or of a size in it), freed once; null
+/// is ignored.
+#[no_mangle]
+pub unsafe extern "C" fn canopy_free_class_unchecked(p: *mut c_void, cls: u32) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: the caller's contract (see canopy.h); check mode and the
+    // cases the kept list does not take go to the checked free.
+    unsafe { canopy_alloc::free_class_index_unchecked(p as *mut u8, cls as usize) }
+}
+
+/// See `canopy.h`.
+///
+/// # Safety
 /// `p` is null or a live block of `size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn canopy_free_sized(p: *mut c_void, size: size_t) {

@@ -5,10 +5,13 @@
 //!
 //! - one row per contender: `c/sac.c malloc` with that allocator preloaded;
 //! - `canopy-rich`: `c/sac.c rich` on Canopy (class computed once, alloc/free by class);
+//! - `canopy-unchecked`: `c/sac.c unchecked`, the same freeing with
+//!   `canopy_free_class_unchecked` (no checks: the caller vouches for the block);
 //! - `bound`: `c/sac.c bound`, the compute-only lower bound (one temporary per thread);
 //! - the Rust kernel (`sac_rs`, `sac_rs_canopy`): `rs-system` (std's System,
 //!   i.e. glibc), `rs-canopy-global` (Canopy as `#[global_allocator]`),
-//!   `rs-canopy-rich` (`alloc_class`/`free_class`) and `rs-bound`.
+//!   `rs-canopy-rich` (`alloc_class`/`free_class`), `rs-canopy-unchecked`
+//!   (`alloc_class`/`free_class_unchecked`) and `rs-bound`.
 //!
 //! Reported: median time; time relative to glibc at the same X and thread
 //! count (paper Fig. 5, with glibc in the place of the Solaris allocator;
@@ -168,6 +171,14 @@ pub(crate) fn variants(
             bound: "bound",
             reference: "glibc",
         });
+        out.push(Variant {
+            label: "canopy-unchecked".into(),
+            program: Program::C(sac.clone()),
+            mode: "unchecked",
+            contender: c.clone(),
+            bound: "bound",
+            reference: "glibc",
+        });
     }
     if with_bound {
         out.push(Variant {
@@ -206,6 +217,14 @@ pub(crate) fn variants(
                     label: "rs-canopy-rich".into(),
                     program: Program::Rust(rs.clone()),
                     mode: "canopy-rich",
+                    contender: builtin.clone(),
+                    bound: "rs-bound",
+                    reference: "rs-system",
+                });
+                out.push(Variant {
+                    label: "rs-canopy-unchecked".into(),
+                    program: Program::Rust(rs.clone()),
+                    mode: "canopy-unchecked",
                     contender: builtin,
                     bound: "rs-bound",
                     reference: "rs-system",
@@ -470,9 +489,12 @@ pub fn run(common: &Common, opts: &SacOptions) -> Result<Finished> {
 
 fn variants_legend() -> String {
     "\nRows: one per allocator running `c/sac.c malloc` (malloc/free per element); `canopy-rich`: Canopy's rich interface \
-     (`canopy_alloc_class`/`canopy_free_class`, class computed once); `bound`: compute only (one temporary per thread); \
+     (`canopy_alloc_class`/`canopy_free_class`, class computed once); `canopy-unchecked`: the same freeing with \
+     `canopy_free_class_unchecked`, which checks nothing (the caller vouches for the block; a second unchecked free of a \
+     block goes unnoticed); `bound`: compute only (one temporary per thread); \
      `rs-*`: the same kernel in Rust (`rs-system` on std's System allocator, i.e. glibc; `rs-canopy-global` with Canopy as \
-     `#[global_allocator]`; `rs-canopy-rich` with `canopy_alloc::alloc_class`; `rs-bound`). \
+     `#[global_allocator]`; `rs-canopy-rich` with `canopy_alloc::alloc_class`; `rs-canopy-unchecked` with \
+     `free_class_unchecked`; `rs-bound`). \
      The C kernel is compiled by `cc -O2`, the Rust one by rustc, so compare rows within a language; \
      `rs-*` rows take their bound from `rs-bound` and their glibc reference from `rs-system`.\n"
         .into()

@@ -138,6 +138,28 @@ int main(void) {
     }
     errno = 0;
     CHECK(alloc_class(999) == NULL && errno == EINVAL);
+    /* The unchecked free: null is ignored; a small block comes back on the
+     * next allocation of its class (from the thread's list by default, as the
+     * lowest free slot in check mode); medium blocks take the checked path. */
+    void (*free_unchecked)(void *, unsigned) = (void (*)(void *, unsigned))dlsym(RTLD_DEFAULT, "canopy_free_class_unchecked");
+    CHECK(free_unchecked != NULL);
+    free_unchecked(NULL, c);
+    for (int i = 0; i < 1000; i++) {
+        char *p = alloc_class(c);
+        CHECK(p);
+        memset(p, 5, 100);
+        free_unchecked(p, c);
+        char *q = malloc(100);
+        CHECK(q == p);
+        free_unchecked(q, c);
+    }
+    unsigned cm = size_class(20000);
+    for (int i = 0; i < 10; i++) {
+        char *p = alloc_class(cm);
+        CHECK(p && class_size(cm) >= 20000);
+        memset(p, 6, 20000);
+        free_unchecked(p, cm);
+    }
     void *data = NULL;
     void *d = with_desc(48, 4096, 64, &data);
     CHECK(d && data && ((uintptr_t)data % 64) == 0 && (char *)data >= (char *)d + 48);
