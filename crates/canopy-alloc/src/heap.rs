@@ -127,7 +127,8 @@ pub(crate) struct Cursor {
     /// it live, and a second checked free is refused) until it is allocated
     /// again or sent home.
     pub(crate) kept: *mut Block,
-    /// To 64 bytes: a class index finds its cursor with one shift.
+    /// To 64 bytes: a class index finds its cursor with one shift (48-byte
+    /// cursors took a `lea` and a shift).
     _pad: u64,
 }
 
@@ -301,18 +302,17 @@ impl HeapCounters {
 pub(crate) const DIRECT_LEN: usize = SMALL_MAX / 16 + 1;
 
 /// A thread's local heap.  `repr(C)` with the fast-path arrays first, so the
-/// fast path reaches a slab with one load from the heap pointer; the cursors
-/// at offset 0, where a class index finds its cursor with one instruction
-/// fewer than past the direct table.
+/// fast path reaches a slab with one load from the heap pointer (see also
+/// `meta::HEAP_PAGE_OFFSET`, which places `direct` in its page).
 #[repr(C)]
 pub struct Heap {
-    /// The allocation cursor of each small class.
-    pub(crate) cursors: [Cursor; SMALL_CLASSES],
     /// The cursor of each 16-byte granule of the size:
     /// `direct[(size + 15) / 16] == &cursors[class of size]`, so `malloc`
     /// needs no size-to-class step (mimalloc's `pages_free_direct`).  Set
     /// once when the heap is built (the heap never moves).
     pub(crate) direct: [*mut Cursor; DIRECT_LEN],
+    /// The allocation cursor of each small class.
+    pub(crate) cursors: [Cursor; SMALL_CLASSES],
     /// Small allocations, but for those the cursors count and have not
     /// settled yet (owner-only).
     pub(crate) allocs: u64,
