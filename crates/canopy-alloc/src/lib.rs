@@ -742,6 +742,32 @@ pub unsafe fn free_class_index_unchecked(p: *mut u8, cls: usize) {
     unsafe { free_unchecked_full(p, cls) }
 }
 
+/// Free, without checking it, a block that [`alloc_with_descriptor`]`(desc_size,
+/// data_size, data_align)` returned: as [`free_class_unchecked`] with the
+/// class that call allocated in, for data aligned to at most 16 bytes;
+/// otherwise (an aligned allocation, whose class the sizes do not name) and
+/// for medium and large blocks, the checked [`free`].
+///
+/// # Safety
+/// `p` is the descriptor pointer of a live block that
+/// `alloc_with_descriptor` returned for these three arguments, and it is not
+/// used or freed again.
+#[inline(always)]
+pub unsafe fn free_with_descriptor_unchecked(p: *mut u8, desc_size: usize, data_size: usize, data_align: usize) {
+    if data_align <= 16 {
+        // As alloc_with_descriptor computed it (it succeeded, so no overflow).
+        let total = ((desc_size + 15) & !15) + data_size;
+        if total <= SMALL_MAX {
+            // SAFETY: the block came from alloc(total) (alloc_with_descriptor
+            // with align <= 16), a small block of that size's class.
+            unsafe { free_class_index_unchecked(p, small_class_index(total)) };
+            return;
+        }
+    }
+    // SAFETY: forwarded.
+    unsafe { free_from(p, "free_with_descriptor_unchecked") }
+}
+
 /// The checked free for [`free_class_index_unchecked`]'s other cases.
 ///
 /// # Safety

@@ -2870,3 +2870,30 @@ fn unchecked_frees_of_medium_blocks_take_the_checked_path() {
         check_invariants().unwrap();
     });
 }
+
+#[test]
+fn descriptor_blocks_freed_unchecked_come_back_for_the_same_shape() {
+    let _g = serial();
+    let before = report::bad_frees();
+    let kept_mode = !options().check && options().keep_bytes != 0;
+    on_thread_with_heap(move || {
+        for &(desc, data, align) in &[(24usize, 100usize, 8usize), (48, 4000, 16), (16, 8160, 4), (40, 20_000, 8), (32, 100, 64), (32, 300_000, 16)] {
+            let (d, x) = alloc_with_descriptor(desc, data, align).unwrap();
+            fill(d, desc, 1);
+            fill(x, data, 2);
+            // SAFETY: a live block of these arguments, freed once.
+            unsafe { free_with_descriptor_unchecked(d, desc, data, align) };
+            let (d2, x2) = alloc_with_descriptor(desc, data, align).unwrap();
+            // A small block with data aligned to at most 16 bytes was kept
+            // and is the next one of its class.
+            let small = align <= 16 && ((desc + 15) & !15) + data <= SMALL_MAX;
+            if kept_mode && small {
+                assert_eq!((d2, x2), (d, x), "desc {desc}, data {data}, align {align}");
+            }
+            fill(x2, data, 3);
+            unsafe { free_with_descriptor_unchecked(d2, desc, data, align) };
+        }
+        check_invariants().unwrap();
+    });
+    assert_eq!(report::bad_frees(), before);
+}

@@ -94,7 +94,19 @@ unsafe fn release<T, P: Policy>(p: *const u8) {
             ptr::drop_in_place(ptr::slice_from_raw_parts_mut(data, len));
         }
         ptr::drop_in_place(h);
-        canopy_alloc::free(p as *mut u8);
+        if P::FREE_UNCHECKED {
+            // The count reached zero once: this is the block's only free,
+            // with the arguments `Array::alloc` gave alloc_with_descriptor
+            // (shape and length never change afterwards).
+            canopy_alloc::free_with_descriptor_unchecked(
+                p as *mut u8,
+                desc_size::<P::Count>(rank),
+                len * core::mem::size_of::<T>(),
+                core::mem::align_of::<T>(),
+            );
+        } else {
+            canopy_alloc::free(p as *mut u8);
+        }
     }
     stats::on_free();
 }

@@ -26,6 +26,15 @@ pub trait Policy: sealed::Sealed + Sized + 'static {
     type Count;
     /// The policy's name in reports.
     const NAME: &'static str;
+    /// Whether a released array's block goes back through the allocator's
+    /// unchecked free (`canopy_alloc::free_with_descriptor_unchecked`): the
+    /// count proves it is freed once, and a mutator that frees it will
+    /// likely allocate the class again soon, from its kept list.  False for
+    /// [`Delegated`], whose counting threads free what the mutators
+    /// allocated and allocate nothing there themselves: they send it home
+    /// through the remote-free path (paper 003 §4).
+    #[doc(hidden)]
+    const FREE_UNCHECKED: bool = true;
     /// A count of 1 for a new object that `release` frees.
     #[doc(hidden)]
     fn new_count(release: unsafe fn(*const u8)) -> Self::Count;
@@ -139,6 +148,7 @@ impl SharedPolicy for Delegated {}
 impl Policy for Delegated {
     type Count = crate::delegate::DCount;
     const NAME: &'static str = "delegated";
+    const FREE_UNCHECKED: bool = false;
     #[inline(always)]
     fn new_count(release: unsafe fn(*const u8)) -> crate::delegate::DCount {
         crate::delegate::DCount::new(release)
