@@ -13,8 +13,11 @@
  *
  * Usage: inprocess LOOP BURSTS SCALE LIB...
  *   LIB      `glibc` (the C library's own malloc), `bound` (loops sac and
- *            sac2 only, see there) or the path of a shared library exporting
- *            malloc and free.  A library with initial-exec
+ *            sac2 only, see there), the path of a shared library exporting
+ *            malloc and free, or `unchecked:PATH` (loops sac and sac2 only):
+ *            Canopy's library at PATH, the temporaries allocated with
+ *            canopy_alloc_class and freed with canopy_free_class_unchecked
+ *            (the class computed once, with canopy_size_class).  A library with initial-exec
  *            TLS (jemalloc) needs room in the static TLS block: run with
  *            GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536.
  *   LOOP     one of
@@ -310,6 +313,11 @@ enum { SAC_X = 25 };
 /* The compute-only bound: one temporary per thread, never freed. */
 static __thread int g_own[SAC_X];
 static int g_is_bound[MAX_LIBS];
+/* `unchecked:` libraries: Canopy's rich interface for the temporaries. */
+static int g_is_rich[MAX_LIBS];
+static void *(*g_alloc_class[MAX_LIBS])(unsigned);
+static void (*g_free_unchecked[MAX_LIBS])(void *, unsigned);
+static unsigned g_class[MAX_LIBS];
 static void *bound_malloc(size_t n) { return n <= sizeof g_own ? (void *)g_own : NULL; }
 static void bound_free(void *p) { (void)p; }
 
@@ -333,6 +341,19 @@ static __attribute__((noinline)) uint64_t fill_and_sum(int *t, long idx) {
 static void sac_range(int lib, long lo, long hi) {
     const uint64_t *a = g_va;
     uint64_t *b = g_vb;
+    if (g_is_rich[lib]) {
+        void *(*alloc_class)(unsigned) = g_alloc_class[lib];
+        void (*free_unchecked)(void *, unsigned) = g_free_unchecked[lib];
+        unsigned cls = g_class[lib];
+        for (long idx = lo; idx < hi; idx++) {
+            int *t = alloc_class(cls);
+            if (t == NULL) die("out of memory", NULL);
+            escape(t);
+            b[idx] = a[idx] + fill_and_sum(t, idx);
+            free_unchecked(t, cls);
+        }
+        return;
+    }
     for (long idx = lo; idx < hi; idx++) {
         int *t = xmalloc(lib, SAC_X * sizeof(int));
         escape(t);
@@ -405,6 +426,8 @@ static void load(int i, const char *name) {
         g_is_bound[i] = 1;
         return;
     }
+    int rich = strncmp(name, "unchecked:", 10) == 0;
+    if (rich) name += 10;
     if (strcmp(name, "glibc") == 0) {
         h = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
     } else {
@@ -414,6 +437,15 @@ static void load(int i, const char *name) {
     g_malloc[i] = (malloc_fn)dlsym(h, "malloc");
     g_free[i] = (free_fn)dlsym(h, "free");
     if (g_malloc[i] == NULL || g_free[i] == NULL) die("no malloc or free in", name);
+    if (rich) {
+        unsigned (*size_class)(size_t) = (unsigned (*)(size_t))dlsym(h, "canopy_size_class");
+        g_alloc_class[i] = (void *(*)(unsigned))dlsym(h, "canopy_alloc_class");
+        g_free_unchecked[i] = (void (*)(void *, unsigned))dlsym(h, "canopy_free_class_unchecked");
+        if (size_class == NULL || g_alloc_class[i] == NULL || g_free_unchecked[i] == NULL)
+            die("no canopy_size_class, canopy_alloc_class or canopy_free_class_unchecked in", name);
+        g_class[i] = size_class(SAC_X * sizeof(int));
+        g_is_rich[i] = 1;
+    }
 }
 
 int main(int argc, char **argv) {
@@ -429,8 +461,8 @@ int main(int argc, char **argv) {
     if (g_libs > MAX_LIBS) die("too many libraries (at most 8)", NULL);
     for (int i = 0; i < g_libs; i++) load(i, argv[4 + i]);
     for (int i = 0; i < g_libs; i++)
-        if (g_is_bound[i] && strcmp(loop, "sac") != 0 && strcmp(loop, "sac2") != 0)
-            die("the library `bound` is for the loops sac and sac2 only", loop);
+        if ((g_is_bound[i] || g_is_rich[i]) && strcmp(loop, "sac") != 0 && strcmp(loop, "sac2") != 0)
+            die("the libraries `bound` and `unchecked:` are for the loops sac and sac2 only", loop);
     g_bursts = bursts;
 
     long steps = 250000L * scale;

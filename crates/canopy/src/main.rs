@@ -170,7 +170,8 @@ enum Experiment {
                             allocates 16..4096 B blocks, the other frees them, through a bounded queue; \
                             the burst timed whole), sac and sac2 (the SAC kernel at X = 25 on one and \
                             two threads, also on the compute-only bound: a malloc that hands each thread \
-                            its one temporary), larson (two threads, tables \
+                            its one temporary, and on Canopy's unchecked rich interface, the canopy-unchecked \
+                            column), larson (two threads, tables \
                             of 1000 blocks of 16..1024 B, each round on the other thread's table; each thread's \
                             work timed between the barriers). Nanoseconds per free+malloc: the median burst, then \
                             the median over processes; ratios to the best anchor and to mimalloc. Separate \

@@ -18,7 +18,9 @@
 //! `prodcons` (one thread allocates 16..4096-byte blocks, the other frees
 //! them, through a bounded queue), `sac` and `sac2` (the SAC kernel of
 //! paper 000 at X = 25 on one and two threads, also run on the compute-only
-//! bound, a `malloc` that hands each thread its one temporary) and `larson`
+//! bound, a `malloc` that hands each thread its one temporary, and, with
+//! Canopy, on its unchecked rich interface: the `canopy-unchecked` column,
+//! `canopy_alloc_class` + `canopy_free_class_unchecked`) and `larson`
 //! (two threads, tables of 1000 blocks of 16..1024 bytes, each
 //! round on the other thread's table).  Reported: nanoseconds per operation
 //! (one free and one allocation), median over the bursts, then median over
@@ -136,6 +138,20 @@ pub fn bound_contender() -> Contender {
     Contender { name: BOUND.into(), preload: None, version: Some("compute only: one temporary per thread".into()) }
 }
 
+/// The column of Canopy's unchecked rich interface in the SAC loops
+/// (`unchecked:PATH` to the program): `canopy_alloc_class` and
+/// `canopy_free_class_unchecked` on the `canopy` contender's library.
+pub const UNCHECKED: &str = "canopy-unchecked";
+
+/// The pseudo-contender of [`UNCHECKED`] for `canopy`'s library.
+pub fn unchecked_contender(canopy: &Contender) -> Contender {
+    Contender {
+        name: UNCHECKED.into(),
+        preload: canopy.preload.clone(),
+        version: Some("canopy_alloc_class + canopy_free_class_unchecked, on the canopy library".into()),
+    }
+}
+
 /// Each contender's median time over the bound's, for the loops that run
 /// on the bound.
 pub fn vs_bound(rows: &[WorkloadRow], lp: &str, contender: &str) -> Option<f64> {
@@ -240,7 +256,17 @@ pub fn run(common: &Common, opts: &InProcessOptions) -> Result<Finished> {
     let selected: Vec<&Loop> = LOOPS.iter().filter(|l| opts.only.iter().any(|o| o == l.name)).collect();
     let contenders = &common.contenders.list;
     anyhow::ensure!(!contenders.is_empty(), "no contenders to compare");
-    anyhow::ensure!(contenders.len() <= 8, "at most 8 contenders fit in one process");
+    // The SAC loops also load the bound and, with Canopy, its unchecked column.
+    let extra = if selected.iter().any(|l| l.with_bound) {
+        1 + usize::from(contenders.iter().any(|c| c.name == "canopy" && c.preload.is_some()))
+    } else {
+        0
+    };
+    anyhow::ensure!(
+        contenders.len() + extra <= 8,
+        "at most 8 libraries fit in one process ({} contenders and {extra} for the SAC loops' bound and unchecked column)",
+        contenders.len()
+    );
     let machine = Machine::describe();
     let nb = opts.bursts.unwrap_or_else(|| bursts(common.size)).clamp(1, 1000);
     let sc = opts.scale.unwrap_or_else(|| scale(common.size)).clamp(1, 1000);
@@ -257,6 +283,10 @@ pub fn run(common: &Common, opts: &InProcessOptions) -> Result<Finished> {
             args.extend(contenders.iter().map(lib_arg_of));
             let mut these = contenders.clone();
             if l.with_bound {
+                if let Some(c) = contenders.iter().find(|c| c.name == "canopy" && c.preload.is_some()) {
+                    args.push(format!("unchecked:{}", lib_arg_of(c)));
+                    these.push(unchecked_contender(c));
+                }
                 args.push(BOUND.into());
                 these.push(bound_contender());
             }
@@ -279,7 +309,11 @@ pub fn run(common: &Common, opts: &InProcessOptions) -> Result<Finished> {
     let names: Vec<&str> = selected.iter().map(|l| l.name).collect();
     let mut cs: Vec<(String, bool)> = contenders.iter().map(|c| (c.name.clone(), c.is_anchor())).collect();
     if selected.iter().any(|l| l.with_bound) {
-        // A column of its own, never the best anchor.
+        // Columns of their own, never the best anchor (and no geomean: they
+        // run the SAC loops only).
+        if contenders.iter().any(|c| c.name == "canopy" && c.preload.is_some()) {
+            cs.push((UNCHECKED.to_string(), false));
+        }
         cs.push((BOUND.to_string(), false));
     }
     let (rows, best, geomeans) = summarize(&runs, &names, &cs);
