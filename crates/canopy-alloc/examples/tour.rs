@@ -4,7 +4,8 @@
 //!    threads build strings and vectors and hand them to each other, so some
 //!    frees are remote frees (messages to the owning thread's heap).
 //! 2. The rich interface: a size class computed at compile time, allocation
-//!    and free by class, sized free, a descriptor allocated with its data.
+//!    and free by class, the unchecked free for code that vouches for its
+//!    blocks, sized free, a descriptor allocated with its data.
 //! 3. What a bad free does in the default mode: it is refused and reported,
 //!    and nothing else is touched.
 //! 4. The statistics table (also printed at exit with `CANOPY_VERBOSE=1`).
@@ -53,6 +54,17 @@ fn main() {
     unsafe { p.write_bytes(7, 100) };
     // SAFETY: p came from alloc_class(CLASS_100) and is freed once.
     unsafe { canopy_alloc::free_class(p, CLASS_100) };
+    // The unchecked free: the block goes onto this thread's list for its
+    // class, and the next allocation of the class takes it back (outside
+    // check mode; debug builds check, and take the lowest free slot).
+    let r = canopy_alloc::alloc_class(CLASS_100);
+    assert!(!r.is_null());
+    // SAFETY: r came from alloc_class(CLASS_100), is freed once and not used after.
+    unsafe { canopy_alloc::free_class_unchecked(r, CLASS_100) };
+    let again = canopy_alloc::alloc_class(CLASS_100);
+    let same = again == r;
+    // SAFETY: as above.
+    unsafe { canopy_alloc::free_class_unchecked(again, CLASS_100) };
     let q = canopy_alloc::alloc(300);
     // SAFETY: q is a live block of 300 bytes.
     unsafe { canopy_alloc::free_sized(q, 300) };
@@ -61,7 +73,8 @@ fn main() {
     // SAFETY: freeing the descriptor frees the data too.
     unsafe { canopy_alloc::free(desc) };
     println!(
-        "2. rich interface: class {} holds {} bytes; a 32-byte descriptor and 4 KiB of data came from one block",
+        "2. rich interface: class {} holds {} bytes; a 32-byte descriptor and 4 KiB of data came from one block; \
+         a block freed unchecked came back on the next allocation of its class: {same}",
         CLASS_100.index(),
         CLASS_100.size()
     );
