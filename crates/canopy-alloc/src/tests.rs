@@ -2897,3 +2897,78 @@ fn descriptor_blocks_freed_unchecked_come_back_for_the_same_shape() {
     });
     assert_eq!(report::bad_frees(), before);
 }
+
+/// Threads that allocate by class, hand half their blocks to the next
+/// thread, and free everything with `free_class_unchecked`: their own
+/// blocks and the others', kept and reused, sent home as threads exit (a
+/// new wave of threads every round) and at `collect()`.  Every block's
+/// bytes are checked before it is freed (a block handed out twice while
+/// live would have the second owner's pattern), no free is refused, and
+/// the heaps' invariants hold.  Scaled by `CANOPY_STRESS_SCALE`.
+#[test]
+fn unchecked_frees_across_threads_and_thread_exits_lose_nothing() {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    use std::sync::{mpsc, Arc};
+    let _g = serial();
+    let before = report::bad_frees();
+    let waves = 6 * stress_scale();
+    const THREADS: usize = 4;
+    const PER: usize = 400;
+    let checked = Arc::new(AtomicUsize::new(0));
+    for wave in 0..waves {
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| mpsc::channel::<Vec<(usize, usize, u8)>>()).unzip();
+        let mut rxs: Vec<Option<mpsc::Receiver<_>>> = rxs.into_iter().map(Some).collect();
+        let hs: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let to_next = txs[(t + 1) % THREADS].clone();
+                let from_prev = rxs[t].take().unwrap();
+                let checked = checked.clone();
+                std::thread::spawn(move || {
+                    let mut rng = Rng(0x51ed_2701 ^ ((wave * THREADS + t) as u32).wrapping_mul(0x9e37_79b9));
+                    let mut mine: Vec<(usize, usize, u8)> = Vec::new();
+                    for i in 0..PER {
+                        let c = rng.next() as usize % SMALL_CLASSES;
+                        let cls = SizeClass::from_index(c).unwrap();
+                        let p = alloc_class(cls);
+                        assert!(!p.is_null());
+                        let seed = (i as u8) ^ (t as u8).wrapping_mul(37);
+                        fill(p, cls.size(), seed);
+                        mine.push((p as usize, c, seed));
+                        // Free some at once (kept, then reused by the next
+                        // allocations of the class).
+                        if rng.next() % 3 == 0 {
+                            let (q, c, seed) = mine.swap_remove(rng.next() as usize % mine.len());
+                            let cls = SizeClass::from_index(c).unwrap();
+                            assert!(verify(q as *mut u8, cls.size(), seed), "a live block changed");
+                            unsafe { free_class_unchecked(q as *mut u8, cls) };
+                            checked.fetch_add(1, Relaxed);
+                        }
+                    }
+                    // Half to the next thread, which frees them unchecked.
+                    let give: Vec<_> = mine.split_off(mine.len() / 2);
+                    to_next.send(give).unwrap();
+                    drop(to_next);
+                    let got = from_prev.recv().unwrap();
+                    for (q, c, seed) in got.into_iter().chain(mine) {
+                        let cls = SizeClass::from_index(c).unwrap();
+                        assert!(verify(q as *mut u8, cls.size(), seed), "a live block changed");
+                        unsafe { free_class_unchecked(q as *mut u8, cls) };
+                        checked.fetch_add(1, Relaxed);
+                    }
+                    if t == 0 && wave % 2 == 0 {
+                        collect();
+                    }
+                    check_invariants().unwrap();
+                })
+            })
+            .collect();
+        drop(txs);
+        for h in hs {
+            h.join().unwrap();
+        }
+    }
+    collect();
+    check_invariants().unwrap();
+    assert_eq!(checked.load(Relaxed), waves * THREADS * PER);
+    assert_eq!(report::bad_frees(), before, "no free was refused");
+}
