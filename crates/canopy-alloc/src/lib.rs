@@ -724,16 +724,19 @@ pub unsafe fn free_class_index_unchecked(p: *mut u8, cls: usize) {
         // have no room (nothing is written to it); cls < SMALL_CLASSES.  The
         // caller vouches that p is a live block of class cls, at least 16
         // bytes, so its first two words are ours to write.
+        // (Raw pointers, no `&mut`: EMPTY_HEAP is shared by every thread
+        // without a heap.)
         unsafe {
-            let k = (*h).cursors.get_unchecked_mut(cls);
-            if k.kept_room != 0 {
-                k.kept_room -= 1;
+            let k = core::ptr::addr_of_mut!((*h).cursors).cast::<heap::Cursor>().add(cls);
+            let room = (*k).kept_room;
+            if room != 0 {
+                (*k).kept_room = room - 1;
                 let b = p as *mut Block;
-                (*b).next = k.kept;
+                (*b).next = (*k).kept;
                 // In flight (see arena::Block): live for its owner, and a
                 // checked free of it is refused.
                 (*b).tag = flight_tag();
-                k.kept = b;
+                (*k).kept = b;
                 return;
             }
         }
