@@ -929,8 +929,7 @@ impl Heap {
     /// (`send_in_flight` frees such blocks at home), so two compares decide.
     ///
     /// # Safety
-    /// Called by this heap's thread (or on `EMPTY_HEAP`, whose slots name no
-    /// heap: nothing is written).
+    /// Called by this heap's thread, on a heap that is not `EMPTY_HEAP`.
     #[inline(always)]
     pub(crate) unsafe fn try_queue_remote(&mut self, target: *mut Heap, p: *mut u8) -> bool {
         // SAFETY: forwarded.
@@ -969,8 +968,8 @@ impl Heap {
     /// and marks it in flight.
     ///
     /// # Safety
-    /// Called by this heap's thread (or on `EMPTY_HEAP`, whose lists have no
-    /// room: nothing is written); `c < SMALL_CLASSES`.
+    /// Called by this heap's thread, on a heap that is not `EMPTY_HEAP`;
+    /// `c < SMALL_CLASSES`.
     #[inline(always)]
     pub(crate) unsafe fn keep(&mut self, c: usize, p: *mut u8) -> bool {
         // SAFETY: c is a small class (caller's contract); the cursor is ours.

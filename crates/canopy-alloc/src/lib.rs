@@ -633,8 +633,10 @@ unsafe fn free_elsewhere(p: *mut u8, call: &'static str, expected: usize) {
                     // Kept for this thread's next allocation of the class
                     // when there is room (never a block of its own heap: a
                     // full slab's block goes home on the slow path), else
-                    // into the batch open for the owner.
-                    if (owner != me && (*me).keep((*d).class as usize, p)) || (*me).try_queue_remote(owner, p) {
+                    // into the batch open for the owner.  A thread without
+                    // a heap (EMPTY_HEAP, shared and never written: no room,
+                    // no batch) takes the slow path, which gives it one.
+                    if me != empty_heap() && ((owner != me && (*me).keep((*d).class as usize, p)) || (*me).try_queue_remote(owner, p)) {
                         // In flight (see arena::Block): the owner takes
                         // the batch in by this mark.
                         (*b).tag = key;
