@@ -134,6 +134,25 @@ pub(crate) struct Cursor {
 
 const _: () = assert!(core::mem::size_of::<Cursor>() == 64);
 
+impl Cursor {
+    /// Push dead block `b` onto cursor `k`'s kept list, taking one place of
+    /// its room (the caller marks `b` in flight).  Through a raw pointer:
+    /// `free_class_unchecked` reaches the cursor without a `&mut Heap`.
+    ///
+    /// # Safety
+    /// `k` is a cursor of the calling thread's heap with `kept_room > 0`;
+    /// `b` is a dead small block of the cursor's class, at least 16 bytes.
+    #[inline(always)]
+    pub(crate) unsafe fn push_kept(k: *mut Cursor, b: *mut Block) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            (*k).kept_room -= 1;
+            (*b).next = (*k).kept;
+            (*k).kept = b;
+        }
+    }
+}
+
 /// Room of class `c`'s kept list (see [`Heap::keep`]): `keep_bytes`
 /// (`CANOPY_KEEP_KB`) of blocks, at least one; 0 for every class when
 /// `keep_bytes` is 0.  (Which blocks a remote free may keep is
@@ -977,11 +996,9 @@ impl Heap {
         if k.kept_room == 0 || k.desc == empty_desc() || !keeps_remote(k.size) {
             return false;
         }
-        k.kept_room -= 1;
-        let b = p as *mut Block;
-        // SAFETY: p is a dead block of at least 16 bytes (caller's contract).
-        unsafe { (*b).next = k.kept };
-        k.kept = b;
+        // SAFETY: our cursor, with room; p is a dead block of class c
+        // (caller's contract).
+        unsafe { Cursor::push_kept(k, p as *mut Block) };
         self.counters.remote_frees_kept += 1;
         true
     }

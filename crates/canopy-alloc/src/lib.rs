@@ -488,12 +488,7 @@ pub fn set_fork_hooks(h: &'static ForkHooks) {
 /// of data aligned to `data_align` (a power of two) in one block.  Returns
 /// `(descriptor, data)`; freeing the descriptor frees both.
 pub fn alloc_with_descriptor(desc_size: usize, data_size: usize, data_align: usize) -> Option<(*mut u8, *mut u8)> {
-    if !data_align.is_power_of_two() {
-        return None;
-    }
-    let align = data_align.max(16);
-    let offset = desc_size.checked_add(align - 1)? & !(align - 1);
-    let total = offset.checked_add(data_size)?;
+    let (align, offset, total) = descriptor_layout(desc_size, data_size, data_align)?;
     let p = if align <= 16 { alloc(total) } else { alloc_aligned(total, align) };
     if p.is_null() {
         return None;
@@ -730,21 +725,31 @@ pub unsafe fn free_class_index_unchecked(p: *mut u8, cls: usize) {
         // without a heap.)
         unsafe {
             let k = core::ptr::addr_of_mut!((*h).cursors).cast::<heap::Cursor>().add(cls);
-            let room = (*k).kept_room;
-            if room != 0 {
-                (*k).kept_room = room - 1;
+            if (*k).kept_room != 0 {
                 let b = p as *mut Block;
-                (*b).next = (*k).kept;
                 // In flight (see arena::Block): live for its owner, and a
                 // checked free of it is refused.
                 (*b).tag = flight_tag();
-                (*k).kept = b;
+                heap::Cursor::push_kept(k, b);
                 return;
             }
         }
     }
     // SAFETY: forwarded.
     unsafe { free_unchecked_full(p, cls) }
+}
+
+/// The block [`alloc_with_descriptor`] takes for these arguments: its
+/// alignment (at least 16), the data's offset and the total size; `None`
+/// for an alignment that is not a power of two or a size that overflows.
+#[inline(always)]
+fn descriptor_layout(desc_size: usize, data_size: usize, data_align: usize) -> Option<(usize, usize, usize)> {
+    if !data_align.is_power_of_two() {
+        return None;
+    }
+    let align = data_align.max(16);
+    let offset = desc_size.checked_add(align - 1)? & !(align - 1);
+    Some((align, offset, offset.checked_add(data_size)?))
 }
 
 /// Free, without checking it, a block that [`alloc_with_descriptor`]`(desc_size,
@@ -759,12 +764,10 @@ pub unsafe fn free_class_index_unchecked(p: *mut u8, cls: usize) {
 /// used or freed again.
 #[inline(always)]
 pub unsafe fn free_with_descriptor_unchecked(p: *mut u8, desc_size: usize, data_size: usize, data_align: usize) {
-    if data_align <= 16 {
-        // As alloc_with_descriptor computed it (it succeeded, so no overflow).
-        let total = ((desc_size + 15) & !15) + data_size;
+    if let Some((16, _, total)) = descriptor_layout(desc_size, data_size, data_align) {
         if total <= SMALL_MAX {
             // SAFETY: the block came from alloc(total) (alloc_with_descriptor
-            // with align <= 16), a small block of that size's class.
+            // with align 16), a small block of that size's class.
             unsafe { free_class_index_unchecked(p, small_class_index(total)) };
             return;
         }
