@@ -1392,6 +1392,134 @@ unsafe impl GlobalAlloc for Canopy {
     }
 }
 
+/// Canopy as Rust's global allocator, trusting Rust's ownership to free each
+/// block once:
+/// `#[global_allocator] static A: canopy_alloc::CanopyUnchecked = canopy_alloc::CanopyUnchecked;`
+///
+/// It allocates as [`Canopy`] does.  Where [`Canopy`]'s `dealloc` checks
+/// every block (it starts a slot, it is not free already, it is not in
+/// flight), this one takes the layout's word for it: a small block
+/// (`layout.size() <= 8 KiB`, alignment at most 16) of the calling thread's
+/// own heap goes onto the thread's kept list of its class, as with
+/// [`free_class_unchecked`], and the thread's next allocation of the class
+/// takes it back.  No bitmap is read or written.  Blocks of other threads'
+/// heaps, larger blocks, over-aligned ones, a full kept list (`CANOPY_KEEP_KB`
+/// of blocks per class), check mode (`CANOPY_CHECK=1`, and debug builds) and a
+/// thread without a heap take [`Canopy`]'s checked path.
+///
+/// What it gives up: a double free in the program's `unsafe` code (or a
+/// `dealloc` with another layout than the block's) is no longer refused but
+/// hands the block out twice, as it would with most allocators.  A kept
+/// block stays marked in flight, so a second free of it through the checked
+/// path is still refused.  Run with `CANOPY_CHECK=1` to check every free.
+///
+/// `realloc` keeps the invariant the unchecked `dealloc` relies on: a block
+/// whose layout is small is a block of exactly its size's class.  It moves
+/// a small block whenever the class changes (where [`Canopy`] may shrink in
+/// place), and a medium block that shrinks to a small size.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CanopyUnchecked;
+
+/// Free small block `p` of this thread's heap whose size (from its layout)
+/// is `size`, unchecked (see [`CanopyUnchecked`]); anything else takes the
+/// checked path.
+///
+/// # Safety
+/// `p` is live, came from `alloc(size')` for a `size'` of the same class as
+/// `size <= SMALL_MAX` (16-byte alignment, never resized to another class),
+/// and is not used or freed again.
+#[inline(always)]
+unsafe fn dealloc_small_unchecked(p: *mut u8, size: usize) {
+    let h = tls_heap();
+    // SAFETY: h is this thread's heap or EMPTY_HEAP, whose direct table
+    // points at the shared empty cursor (no room: nothing is written); the
+    // index is at most DIRECT_LEN - 1 for size <= SMALL_MAX.  p is a live
+    // small block of this allocator (caller's contract), so it lies in the
+    // arena and its descriptor is mapped; a block of this thread's heap is
+    // ours to write.
+    unsafe {
+        let k = *(*h).direct.get_unchecked((size + 15) >> 4);
+        if (*k).kept_room != 0 {
+            let base = arena::arena_base();
+            let d = arena::desc_at(base, (p as usize).wrapping_sub(base) >> UNIT_SHIFT);
+            if (*d).heap.load(canopy_sync::prim::Ordering::Relaxed) == h {
+                let b = p as *mut Block;
+                // In flight (see arena::Block): live for the slab, and a
+                // checked free of it is refused.
+                (*b).tag = flight_tag();
+                heap::Cursor::push_kept(k, b);
+                return;
+            }
+        }
+        free_dealloc_checked(p, size)
+    }
+}
+
+/// The checked path of [`dealloc_small_unchecked`].
+///
+/// # Safety
+/// As for [`free`].
+#[inline(never)]
+unsafe fn free_dealloc_checked(p: *mut u8, size: usize) {
+    // SAFETY: forwarded.
+    unsafe { free_inner(p, "dealloc", size.max(1)) }
+}
+
+// SAFETY: as for Canopy: blocks of at least the layout's size and alignment
+// or null, no unwinding; `dealloc` takes back exactly what `alloc` and
+// `realloc` returned, with the layout Rust's contract guarantees, and
+// `realloc` keeps every small layout's block in its size's class.
+unsafe impl GlobalAlloc for CanopyUnchecked {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded.
+        unsafe { Canopy.alloc(layout) }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        if layout.align() <= 16 && layout.size() <= SMALL_MAX {
+            // SAFETY: p came from alloc or realloc with this layout, which
+            // give a small layout a block of its size's class.
+            unsafe { dealloc_small_unchecked(p, layout.size()) }
+        } else {
+            // SAFETY: p came from this allocator.
+            unsafe { free_from(p, "dealloc") }
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded.
+        unsafe { Canopy.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if layout.align() <= 16 && new_size <= SMALL_MAX {
+            let old = layout.size();
+            if old <= SMALL_MAX && small_class_index(old) == small_class_index(new_size) {
+                return p;
+            }
+            // A small block in its size's class, never one resized in place.
+            let q = alloc(new_size);
+            if !q.is_null() {
+                // SAFETY: both hold at least min(old, new) bytes; p is freed
+                // once, with its own layout.
+                unsafe {
+                    ptr::copy_nonoverlapping(p, q, old.min(new_size));
+                    self.dealloc(p, layout);
+                }
+            }
+            q
+        } else {
+            // The result is medium or large (or over-aligned), whose
+            // `dealloc` is checked: Canopy's realloc may keep it in place.
+            // SAFETY: forwarded.
+            unsafe { Canopy.realloc(p, layout, new_size) }
+        }
+    }
+}
+
 /// Allocate with the C rules for `calloc`: `n * size` bytes, zeroed; null on
 /// overflow.
 pub fn calloc(n: usize, size: usize) -> *mut u8 {

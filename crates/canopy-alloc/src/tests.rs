@@ -2972,3 +2972,145 @@ fn unchecked_frees_across_threads_and_thread_exits_lose_nothing() {
     assert_eq!(checked.load(Relaxed), waves * THREADS * PER);
     assert_eq!(report::bad_frees(), before, "no free was refused");
 }
+
+// ----- CanopyUnchecked, the trusting global allocator -----
+
+fn layout(size: usize, align: usize) -> Layout {
+    Layout::from_size_align(size, align).unwrap()
+}
+
+#[test]
+fn unchecked_dealloc_keeps_the_threads_own_small_blocks_newest_first() {
+    let _g = shared();
+    let c = small_class_index(100);
+    let cap = if options().check { 0 } else { crate::heap::kept_cap(c, options().keep_bytes) as usize };
+    on_thread_with_heap(move || {
+        let a = CanopyUnchecked;
+        let l = layout(100, 8);
+        let n = cap + 3;
+        // SAFETY: GlobalAlloc calls with a non-zero layout; each block is
+        // freed once with the layout it was allocated with.
+        unsafe {
+            let blocks: Vec<usize> = (0..n).map(|_| a.alloc(l) as usize).collect();
+            for &p in &blocks {
+                a.dealloc(p as *mut u8, l);
+            }
+            // The first `cap` are kept (live for their slab), the others go
+            // the checked way, into their slab.
+            assert_eq!(kept_of(c), (cap, 0));
+            for (i, &p) in blocks.iter().enumerate() {
+                assert_eq!(free_in_bitmap(p), i >= cap, "block {i} of {n}");
+            }
+            check_invariants().unwrap();
+            // A size of the same class takes them back, newest first.
+            let again: Vec<usize> = (0..cap).map(|i| a.alloc(layout(97 + i % 16, 16)) as usize).collect();
+            let want: Vec<usize> = blocks[..cap].iter().rev().copied().collect();
+            assert_eq!(again, want);
+            for (i, p) in again.into_iter().enumerate() {
+                a.dealloc(p as *mut u8, layout(97 + i % 16, 16));
+            }
+        }
+        collect();
+        assert_eq!(kept_of(c), (0, cap as u32));
+        check_invariants().unwrap();
+    });
+}
+
+#[test]
+fn unchecked_dealloc_checks_other_heaps_blocks_and_over_aligned_and_big_ones() {
+    let _g = shared();
+    let c = small_class_index(100);
+    on_thread_with_heap(move || {
+        let a = CanopyUnchecked;
+        let l = layout(100, 8);
+        // Another thread's block (class 112, not whole lines: never kept
+        // from another heap) is sent home, not kept.
+        let theirs = on_thread_with_heap(move || unsafe { CanopyUnchecked.alloc(l) } as usize);
+        let before = kept_of(c);
+        // SAFETY: a live block of that layout, freed once.
+        unsafe { a.dealloc(theirs as *mut u8, l) };
+        assert_eq!(kept_of(c), before, "another heap's block is not kept");
+        // Over-aligned, medium and large blocks take the checked path: no
+        // kept list changes, every byte of the next blocks intact.
+        for (size, align) in [(64usize, 64usize), (100, 32), (20_000, 8), (300_000, 16)] {
+            // SAFETY: as above.
+            unsafe {
+                let p = a.alloc(layout(size, align));
+                assert!(!p.is_null());
+                assert_eq!(p as usize % align, 0);
+                fill(p, size, 3);
+                let kept_before: Vec<_> = (0..SMALL_CLASSES).map(kept_of).collect();
+                a.dealloc(p, layout(size, align));
+                let kept_after: Vec<_> = (0..SMALL_CLASSES).map(kept_of).collect();
+                assert_eq!(kept_before, kept_after, "{size} B aligned to {align}");
+            }
+        }
+        collect();
+        check_invariants().unwrap();
+    });
+}
+
+#[test]
+fn a_block_freed_by_the_unchecked_dealloc_is_refused_by_a_checked_free_and_handed_out_once() {
+    let _g = serial();
+    if options().check || options().keep_bytes == 0 {
+        return; // nothing is kept; check mode aborts on the bad free
+    }
+    let before = report::bad_frees();
+    on_thread_with_heap(move || {
+        let a = CanopyUnchecked;
+        let l = layout(48, 8);
+        // SAFETY: the checked frees below are the bad frees under test, which
+        // the allocator refuses; the block is allocated again once.
+        unsafe {
+            let p = a.alloc(l);
+            a.dealloc(p, l);
+            free(p);
+            Canopy.dealloc(p, l);
+            let x = a.alloc(l);
+            let y = a.alloc(l);
+            assert_eq!(x, p);
+            assert_ne!(y, p);
+            a.dealloc(x, l);
+            a.dealloc(y, l);
+        }
+        check_invariants().unwrap();
+    });
+    assert_eq!(report::bad_frees(), before + 2);
+}
+
+#[test]
+fn unchecked_realloc_keeps_each_small_block_in_its_sizes_class() {
+    let _g = shared();
+    on_thread_with_heap(|| {
+        let a = CanopyUnchecked;
+        // Sizes that walk up and down through small, medium and large,
+        // including shrinks that Canopy's own realloc would do in place.
+        let sizes = [
+            24usize, 100, 104, 4000, 1000, 600, 64, 8192, 8193, 9000, 6000, 150_000, 120_000, 2_000_000, 300, 16, 1,
+        ];
+        // SAFETY: each step reallocates the live block with its current
+        // layout; the last block is freed once with its layout.
+        unsafe {
+            let mut p = a.alloc(layout(sizes[0], 16));
+            fill(p, sizes[0], 1);
+            for w in sizes.windows(2) {
+                let (old, new) = (w[0], w[1]);
+                let q = a.realloc(p, layout(old, 16), new);
+                assert!(!q.is_null());
+                assert!(verify(q, old.min(new), 1), "{old} -> {new}: contents kept");
+                if new <= SMALL_MAX {
+                    assert_eq!(usable_size(q), crate::size_class::class_size(small_class_index(new)), "{old} -> {new}: the block is of its size's class");
+                    if old <= SMALL_MAX && small_class_index(old) == small_class_index(new) {
+                        assert_eq!(q, p, "{old} -> {new}: same class, same block");
+                    }
+                }
+                fill(q, new, 1);
+                p = q;
+            }
+            a.dealloc(p, layout(*sizes.last().unwrap(), 16));
+        }
+        collect();
+        check_invariants().unwrap();
+    });
+}

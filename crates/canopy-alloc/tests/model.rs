@@ -3,9 +3,13 @@
 //! The model is a map from live blocks to (size, fill byte).  After every
 //! operation each live block must still hold its bytes, blocks must not
 //! overlap, alignments must hold, and the allocator's own invariants
-//! (`check_invariants`) must pass.  Sizes range from 0 to 6 MiB.
+//! (`check_invariants`) must pass.  Sizes range from 0 to 6 MiB.  The
+//! operations are the allocator's functions and the `GlobalAlloc` calls of
+//! `CanopyUnchecked`, whose unchecked `dealloc` trusts the layouts.
 
+use canopy_alloc::CanopyUnchecked;
 use proptest::prelude::*;
+use std::alloc::{GlobalAlloc, Layout};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -19,6 +23,14 @@ enum Op {
     /// are freed with `free`: the unchecked free needs the class the block
     /// was allocated with).
     FreeUnchecked(usize),
+    /// `CanopyUnchecked`'s `alloc` of a layout (size, log2 of the alignment).
+    GlobalAlloc(usize, u32),
+    /// `CanopyUnchecked`'s `realloc` of a block from `GlobalAlloc` (others
+    /// are left alone: only such blocks have a layout).
+    GlobalRealloc(usize, usize),
+    /// `CanopyUnchecked`'s `dealloc` of a block from `GlobalAlloc` (others
+    /// are freed with `free`).
+    GlobalDealloc(usize),
 }
 
 fn size() -> impl Strategy<Value = usize> {
@@ -39,6 +51,9 @@ fn op() -> impl Strategy<Value = Op> {
         4 => any::<usize>().prop_map(Op::Free),
         1 => (0usize..canopy_alloc::NUM_CLASSES).prop_map(Op::Class),
         2 => any::<usize>().prop_map(Op::FreeUnchecked),
+        2 => (size(), 0u32..=7).prop_map(|(s, a)| Op::GlobalAlloc(s, a)),
+        1 => (any::<usize>(), size()).prop_map(|(i, s)| Op::GlobalRealloc(i, s)),
+        2 => any::<usize>().prop_map(Op::GlobalDealloc),
     ]
 }
 
@@ -48,6 +63,8 @@ struct Live {
     byte: u8,
     /// The class the block was allocated with (`Alloc`, `Class`).
     cls: Option<canopy_alloc::SizeClass>,
+    /// The layout of a block of `CanopyUnchecked` (`GlobalAlloc`, `GlobalRealloc`).
+    layout: Option<Layout>,
 }
 
 fn fill(l: &Live) {
@@ -98,7 +115,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Op::Class(c) => canopy_alloc::SizeClass::from_index(c),
                     _ => None,
                 };
-                let l = Live { p, n, byte: next_byte, cls };
+                let l = Live { p, n, byte: next_byte, cls, layout: None };
                 fill(&l);
                 live.push(l);
             }
@@ -116,9 +133,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     continue;
                 }
                 prop_assert!(!q.is_null());
-                let kept = Live { p: q, n: old.n.min(n), byte: old.byte, cls: None };
+                let kept = Live { p: q, n: old.n.min(n), byte: old.byte, cls: None, layout: None };
                 prop_assert!(intact(&kept), "realloc {} -> {} lost data", old.n, n);
-                let l = Live { p: q, n, byte: next_byte, cls: None };
+                let l = Live { p: q, n, byte: next_byte, cls: None, layout: None };
                 fill(&l);
                 live.push(l);
             }
@@ -142,6 +159,54 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 unsafe {
                     match l.cls {
                         Some(c) => canopy_alloc::free_class_unchecked(l.p, c),
+                        None => canopy_alloc::free(l.p),
+                    }
+                }
+            }
+            Op::GlobalAlloc(n, a) => {
+                let layout = Layout::from_size_align(n.max(1), 1 << a).unwrap();
+                // SAFETY: a layout of non-zero size.
+                let p = unsafe { CanopyUnchecked.alloc(layout) };
+                prop_assert!(!p.is_null());
+                prop_assert_eq!(p as usize % layout.align(), 0);
+                for l in &live {
+                    let disjoint = p as usize + layout.size() <= l.p as usize || l.p as usize + l.n.max(1) <= p as usize;
+                    prop_assert!(disjoint, "new block overlaps a live one");
+                }
+                let l = Live { p, n: layout.size(), byte: next_byte, cls: None, layout: Some(layout) };
+                fill(&l);
+                live.push(l);
+            }
+            Op::GlobalRealloc(i, n) => {
+                let Some(k) = (!live.is_empty()).then(|| i % live.len()).filter(|&k| live[k].layout.is_some()) else {
+                    continue;
+                };
+                let old = live.swap_remove(k);
+                prop_assert!(intact(&old));
+                let layout = old.layout.unwrap();
+                let n = n.max(1);
+                // SAFETY: old.p is live with this layout; n > 0.
+                let q = unsafe { CanopyUnchecked.realloc(old.p, layout, n) };
+                prop_assert!(!q.is_null());
+                prop_assert_eq!(q as usize % layout.align(), 0);
+                let kept = Live { p: q, n: old.n.min(n), byte: old.byte, cls: None, layout: None };
+                prop_assert!(intact(&kept), "realloc {} -> {} lost data", old.n, n);
+                let layout = Layout::from_size_align(n, layout.align()).unwrap();
+                let l = Live { p: q, n, byte: next_byte, cls: None, layout: Some(layout) };
+                fill(&l);
+                live.push(l);
+            }
+            Op::GlobalDealloc(i) => {
+                if live.is_empty() {
+                    continue;
+                }
+                let l = live.swap_remove(i % live.len());
+                prop_assert!(intact(&l));
+                // SAFETY: l.p is live (with l.layout where it has one) and
+                // freed once.
+                unsafe {
+                    match l.layout {
+                        Some(layout) => CanopyUnchecked.dealloc(l.p, layout),
                         None => canopy_alloc::free(l.p),
                     }
                 }

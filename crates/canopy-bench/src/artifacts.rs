@@ -148,9 +148,9 @@ pub const CANOPY_MALLOC: CargoArtifact = CargoArtifact {
 
 /// The Rust SAC microbenchmark binaries.
 pub const SAC_RS: CargoArtifact = CargoArtifact {
-    what: "the Rust SAC binaries (sac_rs, sac_rs_canopy)",
+    what: "the Rust SAC binaries (sac_rs, sac_rs_canopy, sac_rs_canopy_unchecked)",
     env: "CANOPY_SAC_RS_DIR",
-    files: &["sac_rs", "sac_rs_canopy"],
+    files: &["sac_rs", "sac_rs_canopy", "sac_rs_canopy_unchecked"],
     cargo_args: &[
         "-p",
         "canopy-bench",
@@ -158,6 +158,8 @@ pub const SAC_RS: CargoArtifact = CargoArtifact {
         "sac_rs",
         "--bin",
         "sac_rs_canopy",
+        "--bin",
+        "sac_rs_canopy_unchecked",
     ],
     sources: &[
         "Cargo.toml",

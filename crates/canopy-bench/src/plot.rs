@@ -52,6 +52,7 @@ const COLORS: &[RGBColor] = &[
     RGBColor(0xdd, 0xdd, 0xdd), // rs-bound
     RGBColor(0xa1, 0xd9, 0x9b), // canopy-unchecked: pale green
     RGBColor(0xc7, 0xe9, 0xc0), // rs-canopy-unchecked
+    RGBColor(0x00, 0x44, 0x1b), // rs-canopy-global-unchecked: darkest green
     RGBColor(0xe7, 0x29, 0x8a),
     RGBColor(0xa6, 0x76, 0x1d),
 ];
@@ -73,6 +74,7 @@ pub fn color(name: &str, i: usize) -> RGBColor {
         "rs-bound",
         "canopy-unchecked",
         "rs-canopy-unchecked",
+        "rs-canopy-global-unchecked",
     ];
     match fixed.iter().position(|f| *f == name) {
         Some(k) => COLORS[k % COLORS.len()],

@@ -1,6 +1,7 @@
 //! The SAC with-loop microbenchmark (paper 000, Fig. 1) in Rust, shared by
 //! the binaries `sac_rs` (std's system allocator, so `LD_PRELOAD` applies)
-//! and `sac_rs_canopy` (Canopy as `#[global_allocator]`).
+//! `sac_rs_canopy` (Canopy as `#[global_allocator]`) and
+//! `sac_rs_canopy_unchecked` (`CanopyUnchecked` as `#[global_allocator]`).
 //!
 //! The kernel is the one of `c/sac.c`: a vector A of N/X elements, ITERS
 //! iterations that each build a new A in which every element adds the sum of
@@ -23,7 +24,8 @@ use canopy_alloc::SizeClass;
 pub enum Mode {
     /// A boxed slice from the global allocator (std's `System` in `sac_rs`).
     System,
-    /// The same code in `sac_rs_canopy`, whose global allocator is Canopy.
+    /// The same code in `sac_rs_canopy`, whose global allocator is Canopy
+    /// (`sac_rs_canopy_unchecked`: `CanopyUnchecked`).
     CanopyGlobal,
     /// Canopy's rich interface: class computed once, `alloc_class`/`free_class`.
     CanopyRich,

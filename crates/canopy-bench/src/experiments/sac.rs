@@ -193,7 +193,7 @@ pub(crate) fn variants(
     if rust {
         match SAC_RS.locate(Lookup::FindOrBuild) {
             Ok(bins) => {
-                let (rs, rs_canopy) = (bins[0].clone(), bins[1].clone());
+                let (rs, rs_canopy, rs_canopy_unchecked) = (bins[0].clone(), bins[1].clone(), bins[2].clone());
                 out.push(Variant {
                     label: "rs-system".into(),
                     program: Program::Rust(rs.clone()),
@@ -208,6 +208,14 @@ pub(crate) fn variants(
                 out.push(Variant {
                     label: "rs-canopy-global".into(),
                     program: Program::Rust(rs_canopy),
+                    mode: "canopy-global",
+                    contender: builtin.clone(),
+                    bound: "rs-bound",
+                    reference: "rs-system",
+                });
+                out.push(Variant {
+                    label: "rs-canopy-global-unchecked".into(),
+                    program: Program::Rust(rs_canopy_unchecked),
                     mode: "canopy-global",
                     contender: builtin.clone(),
                     bound: "rs-bound",
