@@ -8,8 +8,9 @@
 //! - `canopy-unchecked`: `c/sac.c unchecked`, the same freeing with
 //!   `canopy_free_class_unchecked` (no checks: the caller vouches for the block);
 //! - `bound`: `c/sac.c bound`, the compute-only lower bound (one temporary per thread);
-//! - the Rust kernel (`sac_rs`, `sac_rs_canopy`): `rs-system` (std's System,
-//!   i.e. glibc), `rs-canopy-global` (Canopy as `#[global_allocator]`),
+//! - the Rust kernel (`sac_rs`, `sac_rs_canopy`, `sac_rs_canopy_unchecked`):
+//!   `rs-system` (std's System, i.e. glibc), `rs-canopy-global` (Canopy as
+//!   `#[global_allocator]`), `rs-canopy-global-unchecked` (`CanopyUnchecked`),
 //!   `rs-canopy-rich` (`alloc_class`/`free_class`), `rs-canopy-unchecked`
 //!   (`alloc_class`/`free_class_unchecked`) and `rs-bound`.
 //!
@@ -501,7 +502,8 @@ fn variants_legend() -> String {
      `canopy_free_class_unchecked`, which checks nothing (the caller vouches for the block; a second unchecked free of a \
      block goes unnoticed); `bound`: compute only (one temporary per thread); \
      `rs-*`: the same kernel in Rust (`rs-system` on std's System allocator, i.e. glibc; `rs-canopy-global` with Canopy as \
-     `#[global_allocator]`; `rs-canopy-rich` with `canopy_alloc::alloc_class`; `rs-canopy-unchecked` with \
+     `#[global_allocator]`; `rs-canopy-global-unchecked` with `canopy_alloc::CanopyUnchecked` as `#[global_allocator]`, \
+     whose `dealloc` trusts the layout; `rs-canopy-rich` with `canopy_alloc::alloc_class`; `rs-canopy-unchecked` with \
      `free_class_unchecked`; `rs-bound`). \
      The C kernel is compiled by `cc -O2`, the Rust one by rustc, so compare rows within a language; \
      `rs-*` rows take their bound from `rs-bound` and their glibc reference from `rs-system`.\n"
