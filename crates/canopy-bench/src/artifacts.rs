@@ -148,9 +148,9 @@ pub const CANOPY_MALLOC: CargoArtifact = CargoArtifact {
 
 /// The Rust SAC microbenchmark binaries.
 pub const SAC_RS: CargoArtifact = CargoArtifact {
-    what: "the Rust SAC binaries (sac_rs, sac_rs_canopy, sac_rs_canopy_unchecked)",
+    what: "the Rust SAC binaries (sac_rs, sac_rs_canopy, sac_rs_canopy_unchecked, sac_rs_inprocess)",
     env: "CANOPY_SAC_RS_DIR",
-    files: &["sac_rs", "sac_rs_canopy", "sac_rs_canopy_unchecked"],
+    files: &["sac_rs", "sac_rs_canopy", "sac_rs_canopy_unchecked", "sac_rs_inprocess"],
     cargo_args: &[
         "-p",
         "canopy-bench",
@@ -160,6 +160,8 @@ pub const SAC_RS: CargoArtifact = CargoArtifact {
         "sac_rs_canopy",
         "--bin",
         "sac_rs_canopy_unchecked",
+        "--bin",
+        "sac_rs_inprocess",
     ],
     sources: &[
         "Cargo.toml",

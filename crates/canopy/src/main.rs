@@ -171,7 +171,9 @@ enum Experiment {
                             the burst timed whole), sac and sac2 (the SAC kernel at X = 25 on one and \
                             two threads, also on the compute-only bound: a malloc that hands each thread \
                             its one temporary, and on Canopy's unchecked rich interface, the canopy-unchecked \
-                            column), larson (two threads, tables \
+                            column; the same kernel in Rust, sac_rs_inprocess, compares std's System, Canopy and \
+                            CanopyUnchecked as global allocators and the rich interface against the Rust bound, \
+                            in a table of its own), larson (two threads, tables \
                             of 1000 blocks of 16..1024 B, each round on the other thread's table; each thread's \
                             work timed between the barriers). Nanoseconds per free+malloc: the median burst, then \
                             the median over processes; ratios to the best anchor and to mimalloc. Separate \
@@ -477,6 +479,9 @@ struct InProcessArgs {
     /// Work per burst: 250 000 steps (prodcons: 50 000 blocks; sac: 100 000 elements; larson: 5 rounds) per unit [default: quick 1, default 2, paper 4]
     #[arg(long)]
     scale: Option<usize>,
+    /// Leave out the SAC loops' Rust program (sac_rs_inprocess: System, Canopy, CanopyUnchecked and the rich interface side by side)
+    #[arg(long)]
+    no_rust: bool,
 }
 
 #[derive(Debug, Args)]
@@ -658,6 +663,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     let mut opts = in_process::InProcessOptions {
                         bursts: a.bursts,
                         scale: a.scale,
+                        rust: !a.no_rust,
                         ..Default::default()
                     };
                     if let Some(o) = &a.only {

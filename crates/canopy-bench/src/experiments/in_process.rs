@@ -26,6 +26,13 @@
 //! (one free and one allocation), median over the bursts, then median over
 //! the processes; ratios to the best anchor and to mimalloc.
 //!
+//! The SAC loops also run in Rust (`sac_rs_inprocess`, one more process per
+//! loop and repetition), with the ways a Rust program gets its temporaries
+//! side by side: std's `System`, Canopy's two global allocators (`Canopy`,
+//! `CanopyUnchecked`) called through `GlobalAlloc`, the unchecked rich
+//! interface and the Rust bound.  They get a table of their own, against the
+//! Rust bound.
+//!
 //! jemalloc uses initial-exec TLS, which a library loaded by `dlopen` can
 //! have only from the static TLS block's spare room; the child runs with
 //! `GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536` to make room.
@@ -37,7 +44,7 @@ use super::{
     contenders_markdown, failures_markdown, failures_of, machine_markdown, Common, Finished,
 };
 use crate::anchors::Contender;
-use crate::artifacts::CProgram;
+use crate::artifacts::{CProgram, Lookup, SAC_RS};
 use crate::parse::ResultLine;
 use crate::plot::{BarChart, Group, Panel};
 use crate::report::{self, fmt_ratio, Machine, Report, RunRecord, Size, Table};
@@ -92,11 +99,13 @@ pub struct InProcessOptions {
     pub bursts: Option<usize>,
     /// Work per burst (`None`: the size's default).
     pub scale: Option<usize>,
+    /// Also run the SAC loops' Rust program (`sac_rs_inprocess`).
+    pub rust: bool,
 }
 
 impl Default for InProcessOptions {
     fn default() -> Self {
-        InProcessOptions { only: LOOPS.iter().map(|l| l.name.to_string()).collect(), bursts: None, scale: None }
+        InProcessOptions { only: LOOPS.iter().map(|l| l.name.to_string()).collect(), bursts: None, scale: None, rust: true }
     }
 }
 
@@ -155,8 +164,57 @@ pub fn unchecked_contender(canopy: &Contender) -> Contender {
 /// Each contender's median time over the bound's, for the loops that run
 /// on the bound.
 pub fn vs_bound(rows: &[WorkloadRow], lp: &str, contender: &str) -> Option<f64> {
+    ratio_to(rows, lp, contender, BOUND)
+}
+
+fn ratio_to(rows: &[WorkloadRow], lp: &str, contender: &str, bound: &str) -> Option<f64> {
     let t = |c: &str| rows.iter().find(|r| r.workload == lp && r.contender == c).and_then(|r| r.median_seconds);
-    crate::stats::ratio(t(contender), t(BOUND))
+    crate::stats::ratio(t(contender), t(bound))
+}
+
+/// The ways of `sac_rs_inprocess`, in the order of its `lib=` indices, and
+/// what each is.
+pub const RUST_WAYS: [(&str, &str); 5] = [
+    ("rs-system", "GlobalAlloc calls on std's System (glibc's malloc)"),
+    ("rs-canopy-global", "GlobalAlloc calls on canopy_alloc::Canopy (as #[global_allocator])"),
+    ("rs-canopy-global-unchecked", "GlobalAlloc calls on canopy_alloc::CanopyUnchecked (as #[global_allocator])"),
+    ("rs-canopy-unchecked", "canopy_alloc::alloc_class + free_class_unchecked, the class computed once"),
+    (RUST_BOUND, "compute only: one temporary per thread"),
+];
+
+/// The Rust program's compute-only bound.
+pub const RUST_BOUND: &str = "rs-bound";
+
+/// The pseudo-contenders of [`RUST_WAYS`].
+pub fn rust_contenders() -> Vec<Contender> {
+    RUST_WAYS
+        .iter()
+        .map(|(name, what)| Contender { name: (*name).into(), preload: None, version: Some((*what).into()) })
+        .collect()
+}
+
+/// The Rust program's table: nanoseconds per element and the ratio to the
+/// Rust bound, per SAC loop.
+fn rust_table(rows: &[WorkloadRow], loops: &[&str]) -> String {
+    let ways: Vec<&str> = RUST_WAYS.iter().map(|w| w.0).collect();
+    let mut t = Table::new(std::iter::once("loop".to_string()).chain(ways.iter().map(|w| w.to_string())));
+    for &l in loops {
+        t.row(std::iter::once(format!("{l} (ns)")).chain(ways.iter().map(|&w| {
+            rows.iter()
+                .find(|r| r.workload == l && r.contender == w)
+                .and_then(|r| r.median_seconds)
+                .map_or("—".into(), |s| format!("{:.2}", s * 1e9))
+        })));
+        t.row(std::iter::once(format!("{l} (× bound)")).chain(ways.iter().map(|&w| fmt_ratio(ratio_to(rows, l, w, RUST_BOUND)))));
+    }
+    format!(
+        "\n## The Rust kernel in one process (`sac_rs_inprocess`)\n\n\
+         The same kernel in Rust, its temporaries taken five ways ({}): nanoseconds per element (median burst, then \
+         median of the processes) and the ratio to the Rust bound. Compare these with each other, not with the C columns above \
+         (another compiler, another `fill_and_sum`).\n\n{}",
+        RUST_WAYS.iter().map(|(n, w)| format!("`{n}`: {w}")).collect::<Vec<_>>().join("; "),
+        t.render()
+    )
 }
 
 fn bound_table(rows: &[WorkloadRow], selected: &[&Loop], cs: &[(String, bool)]) -> String {
@@ -273,8 +331,28 @@ pub fn run(common: &Common, opts: &InProcessOptions) -> Result<Finished> {
     let reps = common.runs.unwrap_or_else(|| default_runs(common.size)).max(1);
     let prog = CProgram::InProcess.compile()?;
     let tun = tunables(std::env::var("GLIBC_TUNABLES").ok().as_deref());
+    let bound_loops: Vec<&str> = selected.iter().filter(|l| l.with_bound).map(|l| l.name).collect();
+    // The Rust program for the SAC loops: built with the other Rust SAC
+    // binaries; without it the C tables still come out, and the report says
+    // why the Rust one is missing.
+    let mut rust_missing: Option<String> = None;
+    let rust_prog = if opts.rust && !bound_loops.is_empty() {
+        match SAC_RS.locate(Lookup::FindOrBuild) {
+            Ok(bins) => bins.into_iter().find(|p| p.file_name().is_some_and(|f| f == "sac_rs_inprocess")),
+            Err(e) => {
+                eprintln!("warning: in-process: the Rust SAC program is not available, its table is left out: {e:#}");
+                rust_missing = Some(format!("{e:#}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let rust_cs = rust_contenders();
+    let mut rust_runs = Vec::new();
 
-    let pb = crate::progress::bar((selected.len() * reps) as u64, "in-process");
+    let steps = selected.len() + if rust_prog.is_some() { bound_loops.len() } else { 0 };
+    let pb = crate::progress::bar((steps * reps) as u64, "in-process");
     let mut runs = Vec::new();
     for l in &selected {
         for rep in 0..reps {
@@ -302,6 +380,20 @@ pub fn run(common: &Common, opts: &InProcessOptions) -> Result<Finished> {
             }
             runs.extend(recs);
             pb.inc(1);
+            if let (Some(rp), true) = (&rust_prog, l.with_bound) {
+                pb.set_message(format!("{} in Rust ({}/{reps})", l.name, rep + 1));
+                let args = vec![l.name.to_string(), nb.to_string(), sc.to_string()];
+                let inv = Invocation::new(rp.clone(), args, &Contender::glibc(), common.timeout);
+                let out = runner::run(&inv);
+                let recs = records_of(l.name, rep, &rust_cs, &inv, out.as_ref().map_err(|e| format!("{e:#}")));
+                for r in recs.iter().filter(|r| !r.ok) {
+                    if let Some(e) = &r.error {
+                        pb.suspend(|| eprintln!("error: {e}"));
+                    }
+                }
+                rust_runs.extend(recs);
+                pb.inc(1);
+            }
         }
     }
     pb.finish_and_clear();
@@ -316,7 +408,14 @@ pub fn run(common: &Common, opts: &InProcessOptions) -> Result<Finished> {
         }
         cs.push((BOUND.to_string(), false));
     }
-    let (rows, best, geomeans) = summarize(&runs, &names, &cs);
+    let (mut rows, best, geomeans) = summarize(&runs, &names, &cs);
+    let rust_rows = if rust_prog.is_some() {
+        let rcs: Vec<(String, bool)> = RUST_WAYS.iter().map(|w| (w.0.to_string(), false)).collect();
+        summarize(&rust_runs, &bound_loops, &rcs).0
+    } else {
+        Vec::new()
+    };
+    runs.extend(rust_runs);
     let failures = failures_of(&runs);
 
     let mut markdown = format!(
@@ -337,6 +436,11 @@ pub fn run(common: &Common, opts: &InProcessOptions) -> Result<Finished> {
     }
     markdown.push_str(&tables(&rows, &geomeans, &best, &names, &cs));
     markdown.push_str(&bound_table(&rows, &selected, &cs));
+    if !rust_rows.is_empty() {
+        markdown.push_str(&rust_table(&rust_rows, &bound_loops));
+    } else if let Some(why) = &rust_missing {
+        markdown.push_str(&format!("\n## The Rust kernel in one process\n\nNot run: the program `sac_rs_inprocess` is not available ({why}).\n"));
+    }
     markdown.push_str(&failures_markdown(&failures));
 
     let series: Vec<String> = cs.iter().map(|c| c.0.clone()).filter(|c| c != BOUND).collect();
@@ -366,6 +470,8 @@ pub fn run(common: &Common, opts: &InProcessOptions) -> Result<Finished> {
     };
     let svg = crate::plot::render(&chart).map_err(|e| eprintln!("warning: {e:#}")).ok();
 
+    // The Rust ways' rows go into the JSON summary too, after the chart.
+    rows.extend(rust_rows);
     let report = Report {
         experiment: "in-process".into(),
         title: "Allocators side by side in one process, alternating bursts".into(),
@@ -378,6 +484,7 @@ pub fn run(common: &Common, opts: &InProcessOptions) -> Result<Finished> {
             "loops": names,
             "loop_threads": selected.iter().map(|l| json!({ "loop": l.name, "threads": l.threads })).collect::<Vec<_>>(),
             "glibc_tunables": tun,
+            "rust": rust_prog.as_ref().map(|p| p.display().to_string()),
         }),
         machine,
         contenders: contenders.clone(),
@@ -504,6 +611,42 @@ mod tests {
         assert_eq!(vs_bound(&rows, "sac", "canopy"), Some(1.5));
         assert_eq!(vs_bound(&rows, "sac2", "canopy"), None, "no bound measured");
         assert_eq!(vs_bound(&rows, "same", "canopy"), None, "no such loop");
+    }
+
+    #[test]
+    fn the_rust_table_compares_each_way_with_the_rust_bound() {
+        let row = |l: &str, c: &str, secs: Option<f64>| WorkloadRow {
+            workload: l.into(),
+            contender: c.into(),
+            ok_runs: 1,
+            failed_runs: 0,
+            median_seconds: secs,
+            median_rss_kib: None,
+            time_vs_best_anchor: None,
+            time_vs_mimalloc: None,
+            rss_vs_best_anchor: None,
+            rss_vs_mimalloc: None,
+        };
+        // The program's lines become records of the Rust ways, in order.
+        let out: String = RUST_WAYS
+            .iter()
+            .enumerate()
+            .map(|(i, (n, _))| format!("lib={i} name={n} loop=sac median_ns={} checksum=9\n", 4 + 2 * i))
+            .collect();
+        let recs = records_of("sac", 0, &rust_contenders(), &inv(), Ok(&outcome(&out, 0)));
+        assert!(recs.iter().all(|r| r.ok));
+        assert_eq!(recs[2].contender, "rs-canopy-global-unchecked");
+        assert!((recs[4].seconds.unwrap() - 12e-9).abs() < 1e-18);
+        let rows = vec![
+            row("sac", "rs-canopy-global", Some(9e-9)),
+            row("sac", RUST_BOUND, Some(6e-9)),
+            row("sac", BOUND, Some(1e-9)),
+        ];
+        let t = rust_table(&rows, &["sac", "sac2"]);
+        assert!(t.contains("| sac (ns)"), "{t}");
+        assert!(t.contains("9.00") && t.contains("1.50×"), "against rs-bound, not the C bound: {t}");
+        assert!(!t.contains("9.00×"));
+        assert!(t.contains("| sac2 (ns)"), "a loop without rows still gets its line: {t}");
     }
 
     #[test]
