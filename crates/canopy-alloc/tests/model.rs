@@ -78,6 +78,11 @@ fn intact(l: &Live) -> bool {
     s.iter().all(|&b| b == l.byte)
 }
 
+/// Whether the `n` bytes at `p` (at least one) overlap no live block.
+fn disjoint_from(live: &[Live], p: *mut u8, n: usize) -> bool {
+    live.iter().all(|l| p as usize + n.max(1) <= l.p as usize || l.p as usize + l.n.max(1) <= p as usize)
+}
+
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut live: Vec<Live> = Vec::new();
     let mut next_byte = 1u8;
@@ -106,10 +111,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 // SAFETY: p is live.
                 let usable = unsafe { canopy_alloc::usable_size(p) };
                 prop_assert!(usable >= n, "usable size {} < {}", usable, n);
-                for l in &live {
-                    let disjoint = p as usize + n.max(1) <= l.p as usize || l.p as usize + l.n.max(1) <= p as usize;
-                    prop_assert!(disjoint, "new block overlaps a live one");
-                }
+                prop_assert!(disjoint_from(&live, p, n), "new block overlaps a live one");
                 let cls = match op {
                     Op::Alloc(_) => canopy_alloc::SizeClass::of(n.max(1)),
                     Op::Class(c) => canopy_alloc::SizeClass::from_index(c),
@@ -169,10 +171,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let p = unsafe { CanopyUnchecked.alloc(layout) };
                 prop_assert!(!p.is_null());
                 prop_assert_eq!(p as usize % layout.align(), 0);
-                for l in &live {
-                    let disjoint = p as usize + layout.size() <= l.p as usize || l.p as usize + l.n.max(1) <= p as usize;
-                    prop_assert!(disjoint, "new block overlaps a live one");
-                }
+                prop_assert!(disjoint_from(&live, p, layout.size()), "new block overlaps a live one");
                 let l = Live { p, n: layout.size(), byte: next_byte, cls: None, layout: Some(layout) };
                 fill(&l);
                 live.push(l);

@@ -560,6 +560,22 @@ mod tests {
         }
     }
 
+    /// A summary row of loop `l` for contender `c` with median time `secs`.
+    fn row(l: &str, c: &str, secs: Option<f64>) -> WorkloadRow {
+        WorkloadRow {
+            workload: l.into(),
+            contender: c.into(),
+            ok_runs: 1,
+            failed_runs: 0,
+            median_seconds: secs,
+            median_rss_kib: None,
+            time_vs_best_anchor: None,
+            time_vs_mimalloc: None,
+            rss_vs_best_anchor: None,
+            rss_vs_mimalloc: None,
+        }
+    }
+
     fn inv() -> Invocation {
         Invocation::new(PathBuf::from("/bin/inprocess"), vec![], &Contender::glibc(), Duration::from_secs(1))
     }
@@ -590,18 +606,6 @@ mod tests {
 
     #[test]
     fn ratios_to_the_bound_use_the_bound_row_of_the_same_loop() {
-        let row = |l: &str, c: &str, secs: Option<f64>| WorkloadRow {
-            workload: l.into(),
-            contender: c.into(),
-            ok_runs: 1,
-            failed_runs: 0,
-            median_seconds: secs,
-            median_rss_kib: None,
-            time_vs_best_anchor: None,
-            time_vs_mimalloc: None,
-            rss_vs_best_anchor: None,
-            rss_vs_mimalloc: None,
-        };
         let rows = vec![
             row("sac", "canopy", Some(3.0)),
             row("sac", BOUND, Some(2.0)),
@@ -615,18 +619,6 @@ mod tests {
 
     #[test]
     fn the_rust_table_compares_each_way_with_the_rust_bound() {
-        let row = |l: &str, c: &str, secs: Option<f64>| WorkloadRow {
-            workload: l.into(),
-            contender: c.into(),
-            ok_runs: 1,
-            failed_runs: 0,
-            median_seconds: secs,
-            median_rss_kib: None,
-            time_vs_best_anchor: None,
-            time_vs_mimalloc: None,
-            rss_vs_best_anchor: None,
-            rss_vs_mimalloc: None,
-        };
         // The program's lines become records of the Rust ways, in order.
         let out: String = RUST_WAYS
             .iter()
