@@ -121,8 +121,9 @@ pub(crate) struct Cursor {
     /// check mode).
     pub(crate) kept_room: u32,
     /// Blocks of this class that this thread freed, kept for its next
-    /// allocations of the class: of other heaps (see [`Heap::keep`]), or of
-    /// any heap through `free_class_unchecked`.  A stack linked through the
+    /// allocations of the class: of other heaps (see [`Heap::keep`]), of
+    /// any heap through `free_class_unchecked`, or of this heap through
+    /// `CanopyUnchecked`'s `dealloc`.  A stack linked through the
     /// blocks' first words.  Each carries `flight_tag()` (its owner counts
     /// it live, and a second checked free is refused) until it is allocated
     /// again or sent home.
@@ -919,6 +920,11 @@ impl Heap {
     /// # Safety
     /// Called by the owning thread only (or the only thread after `fork`).
     pub(crate) unsafe fn sweep_empty(&mut self) {
+        // This heap's kept blocks first, so that the slabs they alone kept
+        // from being empty are found (blocks freed unchecked stay kept until
+        // the thread allocates their class again, which may be never).
+        // SAFETY: owner thread (caller's contract).
+        unsafe { self.return_kept(true) };
         let mut scanned = 0u32;
         for c in 0..SMALL_CLASSES {
             let mut s = self.avail[c];
@@ -1010,29 +1016,61 @@ impl Heap {
     /// # Safety
     /// Called by this heap's thread.
     pub(crate) unsafe fn flush_kept(&mut self) {
+        // SAFETY: forwarded.
+        unsafe { self.return_kept(false) }
+    }
+
+    /// Put every kept block of this heap back into its slab, keeping the
+    /// others' (before a sweep for empty slabs: a kept block of this heap
+    /// would keep its slab from being released), or, with `own_only` false,
+    /// send the others home too ([`flush_kept`](Self::flush_kept)).
+    ///
+    /// A list that comes back to a block this walk already put back (no
+    /// longer marked in flight), or runs past its cap, is a cycle, made by
+    /// a block freed twice through `free_class_unchecked`: it is reported,
+    /// and the rest is left alone (leaked) rather than walked forever.
+    ///
+    /// # Safety
+    /// Called by this heap's thread.
+    unsafe fn return_kept(&mut self, own_only: bool) {
         let me = self as *mut Heap;
+        let keep_bytes = crate::options().keep_bytes;
         for c in 0..SMALL_CLASSES {
             let mut b = self.cursors[c].kept;
             if b.is_null() {
                 continue;
             }
-            self.cursors[c].kept = ptr::null_mut();
+            let cap = kept_cap(c, keep_bytes);
+            let (mut stay, mut staying, mut walked) = (ptr::null_mut::<Block>(), 0u32, 0u32);
             // SAFETY: the kept blocks are dead small blocks marked in flight
-            // (see `keep` and `free_class_unchecked`); their descriptors say
-            // whose.
+            // (see `keep`, `free_class_unchecked` and `CanopyUnchecked`);
+            // their descriptors say whose.
             unsafe {
+                let key = flight_tag();
                 while !b.is_null() {
+                    // Past the cap, or a block no longer marked in flight
+                    // (this walk already put it back): a cycle.
+                    if walked == cap || (*b).tag != key {
+                        crate::report::kept_list_broken(b as *const u8, c);
+                        break;
+                    }
+                    walked += 1;
                     let next = (*b).next;
-                    self.cursors[c].kept_room += 1;
                     let owner = (*desc(arena::unit_index(b as usize))).heap.load(Ordering::Relaxed);
                     if owner == me {
                         self.free_sent_home(b as *mut u8);
+                    } else if own_only {
+                        (*b).next = stay;
+                        stay = b;
+                        staying += 1;
                     } else {
                         self.free_remote(owner, b as *mut u8);
                     }
                     b = next;
                 }
             }
+            self.cursors[c].kept = stay;
+            self.cursors[c].kept_room = cap - staying;
         }
     }
 

@@ -20,8 +20,9 @@
 //! #[global_allocator]
 //! static GLOBAL: canopy_alloc::Canopy = canopy_alloc::Canopy;
 //! ```
-//! (or [`CanopyUnchecked`], whose `dealloc` trusts the layout: fewer
-//! instructions per free, no double-free check outside check mode),
+//! (or [`CanopyUnchecked`], whose `dealloc` of a small block of the
+//! thread's own heap trusts the pointer and the layout: fewer instructions
+//! per free; a double free is still refused),
 //! or the rich interface, with the size class chosen at compile time:
 //! ```
 //! use canopy_alloc::SizeClass;
@@ -1409,11 +1410,21 @@ unsafe impl GlobalAlloc for Canopy {
 /// of blocks per class), check mode (`CANOPY_CHECK=1`, and debug builds) and a
 /// thread without a heap take [`Canopy`]'s checked path.
 ///
-/// What it gives up: a double free in the program's `unsafe` code (or a
-/// `dealloc` with another layout than the block's) is no longer refused but
-/// hands the block out twice, as it would with most allocators.  A kept
-/// block stays marked in flight, so a second free of it through the checked
-/// path is still refused.  Run with `CANOPY_CHECK=1` to check every free.
+/// What it takes on trust: the pointer and the layout.  A pointer that is
+/// not the start of a live Canopy block (a foreign or interior pointer in
+/// the program's `unsafe` code) is not refused: an interior pointer can be
+/// handed out again overlapping its block, and a foreign one can fault when
+/// its descriptor is read.  A layout that is not the block's puts the block
+/// on another class's list: a larger class then hands it out for requests
+/// larger than the block.  A double free is still refused: a kept block
+/// stays marked in flight and a block back in its slab carries the free
+/// mark, and either sends a second `dealloc` to the checked path.  Run with
+/// `CANOPY_CHECK=1` to check every free in full.
+///
+/// Kept blocks of the thread's own heap go back into their slabs when the
+/// heap sweeps for empty slabs (on its slow path, and after large
+/// allocations), at `collect()` and at thread exit; until then the
+/// statistics count them in use.
 ///
 /// `realloc` keeps the invariant the unchecked `dealloc` relies on: a block
 /// whose layout is small is a block of exactly its size's class.  It moves
@@ -1447,11 +1458,15 @@ unsafe fn dealloc_small_unchecked(p: *mut u8, size: usize) {
             // names this heap.
             let base = arena::arena_base();
             let d = arena::desc_at(base, (p as usize).wrapping_sub(base) >> UNIT_SHIFT);
-            if (p as usize ^ (*k).base) < UNIT || (*d).heap.load(canopy_sync::prim::Ordering::Relaxed) == h {
-                let b = p as *mut Block;
+            let b = p as *mut Block;
+            let key = flight_tag();
+            // Not a block already kept (in flight) or free in its slab (the
+            // free mark): a second dealloc goes to the checked path, which
+            // refuses it, instead of linking the block into the list twice.
+            if (*b).tag ^ key > 1 && ((p as usize ^ (*k).base) < UNIT || (*d).heap.load(canopy_sync::prim::Ordering::Relaxed) == h) {
                 // In flight (see arena::Block): live for the slab, and a
                 // checked free of it is refused.
-                (*b).tag = flight_tag();
+                (*b).tag = key;
                 heap::Cursor::push_kept(k, b);
                 return;
             }
@@ -1493,8 +1508,9 @@ unsafe impl GlobalAlloc for CanopyUnchecked {
             // give a small layout a block of its size's class.
             unsafe { dealloc_small_unchecked(p, layout.size()) }
         } else {
-            // SAFETY: p came from this allocator.
-            unsafe { free_from(p, "dealloc") }
+            // SAFETY: p came from this allocator, with this layout (whose
+            // size check mode checks).
+            unsafe { free_dealloc_checked(p, layout.size()) }
         }
     }
 

@@ -141,6 +141,19 @@ fn finish(b: &mut Buf, n: usize, outcome: &str) {
     }
 }
 
+/// Report a kept list (see `Heap::keep`) found to run in a cycle at block
+/// `p`, which only a block freed twice through `free_class_unchecked`
+/// makes.  The rest of the list is left alone.
+#[cold]
+pub(crate) fn kept_list_broken(p: *const u8, class: usize) {
+    let n = REPORTED.fetch_add(1, Ordering::Relaxed);
+    let mut b = Buf::new();
+    b.str("canopy: free_class_unchecked(").hex(p as usize).str("): the kept list of class ").dec(class).str(
+        " runs in a cycle (back to a block it held, or past its room): a block was freed twice through the unchecked free",
+    );
+    finish(&mut b, n, "; the rest of that list is left alone (its blocks are not reused)\n");
+}
+
 /// Report a node of a heap's inbox of remote frees that is not a block in
 /// flight to that heap: a double free raced with the remote free, or the
 /// block was reused meanwhile, so the inbox from that node on is given up

@@ -3114,3 +3114,142 @@ fn unchecked_realloc_keeps_each_small_block_in_its_sizes_class() {
         check_invariants().unwrap();
     });
 }
+
+#[test]
+fn a_second_unchecked_dealloc_is_refused_not_linked_twice() {
+    let _g = serial();
+    if options().check || options().keep_bytes == 0 {
+        return; // nothing is kept; check mode aborts on the bad free
+    }
+    let before = report::bad_frees();
+    let c = small_class_index(48);
+    on_thread_with_heap(move || {
+        let a = CanopyUnchecked;
+        let l = layout(48, 8);
+        // SAFETY: the second dealloc is the bad free under test, refused.
+        unsafe {
+            let p = a.alloc(l);
+            a.dealloc(p, l);
+            let (n, room) = kept_of(c);
+            a.dealloc(p, l);
+            assert_eq!(kept_of(c), (n, room), "the block is on the list once");
+            let x = a.alloc(l);
+            let y = a.alloc(l);
+            assert_eq!(x, p);
+            assert_ne!(y, p);
+            a.dealloc(x, l);
+            a.dealloc(y, l);
+            // Freed into its slab and freed again: refused too.
+            collect();
+            assert!(free_in_bitmap(p as usize));
+            a.dealloc(p, l);
+            assert!(free_in_bitmap(p as usize));
+        }
+        collect();
+        check_invariants().unwrap();
+    });
+    assert_eq!(report::bad_frees(), before + 2);
+}
+
+#[test]
+fn unchecked_dealloc_keeps_own_blocks_of_slabs_that_are_not_current() {
+    let _g = shared();
+    if options().check || options().keep_bytes == 0 {
+        return;
+    }
+    on_thread_with_heap(|| {
+        let a = CanopyUnchecked;
+        let l = layout(4000, 16);
+        let c = small_class_index(4000);
+        let slots = crate::heap::SHAPES[c].slots as usize;
+        // SAFETY: live blocks of that layout, each freed once.
+        unsafe {
+            let blocks: Vec<*mut u8> = (0..2 * slots + 3).map(|_| a.alloc(l)).collect();
+            // The first block's slab is full and no longer current: the
+            // descriptor names this heap, so the block is kept.
+            let first = blocks[0];
+            assert_ne!(unit_index(first as usize), unit_index(*blocks.last().unwrap() as usize));
+            let (n, room) = kept_of(c);
+            assert!(room > 0);
+            a.dealloc(first, l);
+            assert_eq!(kept_of(c), (n + 1, room - 1));
+            assert!(!free_in_bitmap(first as usize), "kept, live for its slab");
+            for &p in &blocks[1..] {
+                a.dealloc(p, l);
+            }
+        }
+        collect();
+        check_invariants().unwrap();
+    });
+}
+
+#[test]
+fn a_sweep_puts_the_heaps_own_kept_blocks_back_and_keeps_the_others() {
+    let _g = shared();
+    if options().check || options().keep_bytes == 0 {
+        return;
+    }
+    let c = small_class_index(100);
+    let cls = SizeClass::from_index(c).unwrap();
+    // The other heap's thread stays alive meanwhile (an exited thread's heap
+    // would be adopted by the next thread, ours).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || {
+        tx.send(alloc_class(cls) as usize).unwrap();
+        done_rx.recv().unwrap();
+    });
+    let theirs = rx.recv().unwrap();
+    on_thread_with_heap(move || {
+        let cap = crate::heap::kept_cap(c, options().keep_bytes);
+        let mine: Vec<*mut u8> = (0..3).map(|_| alloc_class(cls)).collect();
+        // SAFETY: live blocks of class cls, each freed once.
+        unsafe {
+            free_class_unchecked(theirs as *mut u8, cls);
+            for &p in &mine {
+                CanopyUnchecked.dealloc(p, layout(100, 16));
+            }
+        }
+        assert_eq!(kept_of(c), (4, cap - 4));
+        // SAFETY: our own heap, on its thread.
+        unsafe { (*tls_heap()).sweep_empty() };
+        assert_eq!(kept_of(c), (1, cap - 1), "only the other heap's block stays kept");
+        for &p in &mine {
+            assert!(free_in_bitmap(p as usize), "back in its slab");
+        }
+        assert!(!free_in_bitmap(theirs), "the other heap's block is still in flight");
+        check_invariants().unwrap();
+        collect();
+        assert_eq!(kept_of(c), (0, cap));
+        check_invariants().unwrap();
+    });
+    done_tx.send(()).unwrap();
+    other.join().unwrap();
+}
+
+#[test]
+fn a_kept_list_made_a_cycle_by_a_double_unchecked_free_is_reported_not_walked_forever() {
+    let _g = serial();
+    if options().check || options().keep_bytes == 0 {
+        return;
+    }
+    let before = report::bad_frees();
+    let c = small_class_index(64);
+    let cls = SizeClass::from_index(c).unwrap();
+    on_thread_with_heap(move || {
+        let p = alloc_class(cls);
+        // SAFETY: none: the second unchecked free breaks the contract, which
+        // is what this test is about (the list becomes p -> p).
+        unsafe {
+            free_class_unchecked(p, cls);
+            free_class_unchecked(p, cls);
+        }
+        // Flushing the list stops at its cap, reports it, and leaves the
+        // heap consistent, the block back in its slab once.
+        collect();
+        assert_eq!(kept_of(c), (0, crate::heap::kept_cap(c, options().keep_bytes)));
+        assert!(free_in_bitmap(p as usize));
+        check_invariants().unwrap();
+    });
+    assert_eq!(report::bad_frees(), before + 1, "the broken list was reported, once");
+}
