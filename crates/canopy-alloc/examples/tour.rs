@@ -1,13 +1,15 @@
 //! A short tour of `canopy-alloc` from Rust:
 //!
-//! 1. Canopy under everything with one line (`#[global_allocator]`): a few
-//!    threads build strings and vectors and hand them to each other, so some
-//!    frees are remote frees (messages to the owning thread's heap).
+//! 1. Canopy under everything with one line (`#[global_allocator]`; or
+//!    `CanopyUnchecked`, whose `dealloc` trusts the layout): a few threads
+//!    build strings and vectors and hand them to each other, so some frees
+//!    are remote frees (messages to the owning thread's heap).
 //! 2. The rich interface: a size class computed at compile time, allocation
 //!    and free by class, the unchecked free for code that vouches for its
 //!    blocks, sized free, a descriptor allocated with its data.
 //! 3. What a bad free does in the default mode: it is refused and reported,
-//!    and nothing else is touched.
+//!    and nothing else is touched (also a second `dealloc` through
+//!    `CanopyUnchecked`).
 //! 4. The statistics table (also printed at exit with `CANOPY_VERBOSE=1`).
 //!
 //! Run with `cargo run --release -p canopy-alloc --example tour`.
@@ -90,8 +92,21 @@ fn main() {
             canopy_alloc::free(r);
             canopy_alloc::free(r);
         }
+        // The same through CanopyUnchecked's GlobalAlloc calls: its dealloc
+        // trusts the layout, but a block already freed is still refused.
+        let layout = std::alloc::Layout::new::<[u64; 6]>();
+        // SAFETY: as above; the layout is non-zero and the block's own.
+        unsafe {
+            use std::alloc::GlobalAlloc;
+            let u = canopy_alloc::CanopyUnchecked.alloc(layout);
+            canopy_alloc::CanopyUnchecked.dealloc(u, layout);
+            canopy_alloc::CanopyUnchecked.dealloc(u, layout);
+        }
         let after = canopy_alloc::stats::snapshot().bad_frees;
-        println!("3. a double free was refused and reported ({} reported so far)", after - before);
+        println!(
+            "3. a double free and a double dealloc through CanopyUnchecked were refused and reported ({} reported so far)",
+            after - before
+        );
     } else {
         println!("3. (check mode is on: a double free would abort with a message, so it is not shown)");
     }

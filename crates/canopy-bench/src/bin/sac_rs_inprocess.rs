@@ -198,11 +198,13 @@ fn main() {
         let mut ns: Vec<f64> = (0..bursts).map(|bu| results.iter().map(|(w, _)| w[bu][way]).sum::<f64>() * 1e9 / len as f64).collect();
         ns.sort_by(|x, y| x.total_cmp(y));
         let q = |f: f64| ns[((ns.len() - 1) as f64 * f).round() as usize];
+        // The median of an even number of bursts is the mean of the middle two.
+        let median = canopy_bench::stats::median(&ns).unwrap_or(f64::NAN);
         let checksum = results.iter().fold(0u64, |acc, (_, s)| acc.wrapping_add(s[way]));
         println!(
             "lib={way} name={name} loop={} bursts={bursts} ops={len} median_ns={:.3} min_ns={:.3} q1_ns={:.3} q3_ns={:.3} checksum={checksum}",
             args[0],
-            q(0.5),
+            median,
             ns[0],
             q(0.25),
             q(0.75)
