@@ -679,18 +679,19 @@ pub unsafe fn free_class_index(p: *mut u8, cls: usize) {
     unsafe { free_inner(p, "free_class", HINT_CLASS | cls) }
 }
 
-/// Free a block of class `cls` without checking it: the rich interface for
-/// callers that know every block they free is live, allocated with class
-/// `cls` (or a size in it) and freed once, such as a runtime whose frees
-/// come from its own reference counts or from Rust ownership.
+/// Free a block of class `cls` without checking its pointer or its class:
+/// the rich interface for callers that know every block they free is live
+/// and allocated with class `cls` (or a size in it), such as a runtime
+/// whose frees come from its own reference counts or from Rust ownership.
 ///
 /// A small block goes onto this thread's kept list of the class (see
 /// `Heap::keep`) while it has room, whichever heap it belongs to, and the
 /// thread's next allocation of the class takes it back, still in its cache:
 /// no descriptor is read and no bitmap written.  The block stays marked in
-/// flight meanwhile, so a second free of it through [`free`] or
-/// [`free_class`] is still refused; only a second unchecked free goes
-/// unnoticed (the block would then be handed out twice).  The list's room is
+/// flight meanwhile, so a second free of it, through this function,
+/// [`free`] or [`free_class`], is refused (this one reads the block's tag
+/// word first: a block in flight or free in its slab goes to the checked
+/// path).  The list's room is
 /// `CANOPY_KEEP_KB` of blocks per class (at least one); a full list, a
 /// medium or large class, check mode (`CANOPY_CHECK=1` and debug builds,
 /// where the room is 0) and a thread that never allocated take the checked
@@ -728,11 +729,15 @@ pub unsafe fn free_class_index_unchecked(p: *mut u8, cls: usize) {
         // without a heap.)
         unsafe {
             let k = core::ptr::addr_of_mut!((*h).cursors).cast::<heap::Cursor>().add(cls);
-            if (*k).kept_room != 0 {
-                let b = p as *mut Block;
+            let b = p as *mut Block;
+            let key = flight_tag();
+            // Not a block already kept (in flight) or free in its slab (the
+            // free mark): a second free goes to the checked path, which
+            // refuses it, instead of linking the block into the list twice.
+            if (*k).kept_room != 0 && (*b).tag ^ key > 1 {
                 // In flight (see arena::Block): live for its owner, and a
                 // checked free of it is refused.
-                (*b).tag = flight_tag();
+                (*b).tag = key;
                 heap::Cursor::push_kept(k, b);
                 return;
             }

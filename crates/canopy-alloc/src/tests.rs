@@ -3228,7 +3228,35 @@ fn a_sweep_puts_the_heaps_own_kept_blocks_back_and_keeps_the_others() {
 }
 
 #[test]
-fn a_kept_list_made_a_cycle_by_a_double_unchecked_free_is_reported_not_walked_forever() {
+fn a_second_unchecked_free_is_refused_not_linked_twice() {
+    let _g = serial();
+    if options().check || options().keep_bytes == 0 {
+        return; // nothing is kept; check mode aborts on the bad free
+    }
+    let before = report::bad_frees();
+    let c = small_class_index(64);
+    let cls = SizeClass::from_index(c).unwrap();
+    on_thread_with_heap(move || {
+        let p = alloc_class(cls);
+        // SAFETY: the second and third frees are the bad frees under test,
+        // refused.
+        unsafe {
+            free_class_unchecked(p, cls);
+            let kept = kept_of(c);
+            free_class_unchecked(p, cls);
+            assert_eq!(kept_of(c), kept, "the block is on the list once");
+            collect();
+            assert!(free_in_bitmap(p as usize));
+            free_class_unchecked(p, cls);
+            assert!(free_in_bitmap(p as usize), "a block free in its slab is refused too");
+        }
+        check_invariants().unwrap();
+    });
+    assert_eq!(report::bad_frees(), before + 2);
+}
+
+#[test]
+fn a_kept_list_in_a_cycle_is_reported_not_walked_forever() {
     let _g = serial();
     if options().check || options().keep_bytes == 0 {
         return;
@@ -3238,11 +3266,14 @@ fn a_kept_list_made_a_cycle_by_a_double_unchecked_free_is_reported_not_walked_fo
     let cls = SizeClass::from_index(c).unwrap();
     on_thread_with_heap(move || {
         let p = alloc_class(cls);
-        // SAFETY: none: the second unchecked free breaks the contract, which
-        // is what this test is about (the list becomes p -> p).
+        // SAFETY: none for the heap's state: the block is pushed twice by
+        // hand, the cycle (p -> p) no free can make any more, to check that
+        // a flush still ends.
         unsafe {
-            free_class_unchecked(p, cls);
-            free_class_unchecked(p, cls);
+            let k = core::ptr::addr_of_mut!((*tls_heap()).cursors).cast::<crate::heap::Cursor>().add(c);
+            (*(p as *mut Block)).tag = flight_tag();
+            crate::heap::Cursor::push_kept(k, p as *mut Block);
+            crate::heap::Cursor::push_kept(k, p as *mut Block);
         }
         // Flushing the list stops at its cap, reports it, and leaves the
         // heap consistent, the block back in its slab once.

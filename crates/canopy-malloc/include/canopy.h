@@ -67,15 +67,15 @@ void *canopy_alloc_class(canopy_class_t cls);
 /* Free a block allocated with class `cls` (or with malloc of a size in that class). */
 void canopy_free_class(void *p, canopy_class_t cls);
 
-/* Free a block of class `cls` WITHOUT checking it, for callers that know the block is live,
+/* Free a block of class `cls` WITHOUT checking its pointer or class, for callers that know the block is live,
  * came from canopy_alloc_class(cls) or malloc of a size in class `cls` (not from realloc,
  * an aligned allocation or canopy_alloc_with_descriptor, whose class may be another: a wrong
  * class hands the block out for larger requests) and is freed exactly once, such as a runtime
  * freeing by its own reference counts.  A small block goes onto the calling thread's list
  * for the class (CANOPY_KEEP_KB of blocks per class), and its next canopy_alloc_class or
  * malloc of the class takes it back: no metadata is read.  Until then the block is marked in
- * flight, so a second free of it through free or canopy_free_class is still refused; a second
- * canopy_free_class_unchecked is NOT caught and hands the block out twice.  A full list, a
+ * flight, so a second free of it, through canopy_free_class_unchecked, free or
+ * canopy_free_class, is still refused (the block's tag word is read first).  A full list, a
  * medium or large class, CANOPY_CHECK=1 and debug builds take the checked canopy_free_class
  * path.  The list goes home when the thread exits or calls canopy_collect. */
 void canopy_free_class_unchecked(void *p, canopy_class_t cls);

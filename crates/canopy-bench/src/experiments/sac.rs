@@ -499,8 +499,8 @@ pub fn run(common: &Common, opts: &SacOptions) -> Result<Finished> {
 fn variants_legend() -> String {
     "\nRows: one per allocator running `c/sac.c malloc` (malloc/free per element); `canopy-rich`: Canopy's rich interface \
      (`canopy_alloc_class`/`canopy_free_class`, class computed once); `canopy-unchecked`: the same freeing with \
-     `canopy_free_class_unchecked`, which checks nothing (the caller vouches for the block; a second unchecked free of a \
-     block goes unnoticed); `bound`: compute only (one temporary per thread); \
+     `canopy_free_class_unchecked`, which trusts the pointer and the class (the caller vouches for them; a second free of \
+     a block is still refused); `bound`: compute only (one temporary per thread); \
      `rs-*`: the same kernel in Rust (`rs-system` on std's System allocator, i.e. glibc; `rs-canopy-global` with Canopy as \
      `#[global_allocator]`; `rs-canopy-global-unchecked` with `canopy_alloc::CanopyUnchecked` as `#[global_allocator]`, \
      whose `dealloc` trusts the layout; `rs-canopy-rich` with `canopy_alloc::alloc_class`; `rs-canopy-unchecked` with \
