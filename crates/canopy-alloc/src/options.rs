@@ -93,28 +93,28 @@ impl Options {
         let d = Options::DEFAULT;
         let mut r = Reader { get: &get, warn: &mut warn };
         Options {
-            check: r.flag(c"CANOPY_CHECK", d.check),
-            arena_gb: r.num(c"CANOPY_ARENA_GB", d.arena_gb, 1, 1 << 14, ""),
-            arena_grow: r.flag(c"CANOPY_ARENA_GROW", d.arena_grow),
+            check: r.flag(canopy_sys::hot_cstr!("CANOPY_CHECK"), d.check),
+            arena_gb: r.num(canopy_sys::hot_cstr!("CANOPY_ARENA_GB"), d.arena_gb, 1, 1 << 14, ""),
+            arena_grow: r.flag(canopy_sys::hot_cstr!("CANOPY_ARENA_GROW"), d.arena_grow),
             retain_bytes: r
-                .num(c"CANOPY_RETAIN_MB", d.retain_bytes >> 20, 0, usize::MAX >> 20, "")
+                .num(canopy_sys::hot_cstr!("CANOPY_RETAIN_MB"), d.retain_bytes >> 20, 0, usize::MAX >> 20, "")
                 << 20,
-            decay_ms: r.num(c"CANOPY_DECAY_MS", d.decay_ms as usize, 0, usize::MAX, "") as u64,
-            heap_retain_pages: r.num(c"CANOPY_HEAP_RETAIN_PAGES", d.heap_retain_pages, 0, usize::MAX, ""),
+            decay_ms: r.num(canopy_sys::hot_cstr!("CANOPY_DECAY_MS"), d.decay_ms as usize, 0, usize::MAX, "") as u64,
+            heap_retain_pages: r.num(canopy_sys::hot_cstr!("CANOPY_HEAP_RETAIN_PAGES"), d.heap_retain_pages, 0, usize::MAX, ""),
             large_cache_bytes: r
-                .num(c"CANOPY_LARGE_CACHE_KB", d.large_cache_bytes >> 10, 0, usize::MAX >> 10, "")
+                .num(canopy_sys::hot_cstr!("CANOPY_LARGE_CACHE_KB"), d.large_cache_bytes >> 10, 0, usize::MAX >> 10, "")
                 << 10,
-            keep_bytes: r.num(c"CANOPY_KEEP_KB", d.keep_bytes >> 10, 0, 1024, "") << 10,
+            keep_bytes: r.num(canopy_sys::hot_cstr!("CANOPY_KEEP_KB"), d.keep_bytes >> 10, 0, 1024, "") << 10,
             remote_batch: r.num(
-                c"CANOPY_REMOTE_BATCH",
+                canopy_sys::hot_cstr!("CANOPY_REMOTE_BATCH"),
                 d.remote_batch,
                 1,
                 crate::heap::MAX_BATCH,
                 " (the pointers a batch block holds)",
             ),
-            huge_pages: r.flag(c"CANOPY_HUGE_PAGES", d.huge_pages),
-            solo_unlocked: r.flag(c"CANOPY_SOLO_UNLOCKED", d.solo_unlocked),
-            verbose: r.flag(c"CANOPY_VERBOSE", d.verbose),
+            huge_pages: r.flag(canopy_sys::hot_cstr!("CANOPY_HUGE_PAGES"), d.huge_pages),
+            solo_unlocked: r.flag(canopy_sys::hot_cstr!("CANOPY_SOLO_UNLOCKED"), d.solo_unlocked),
+            verbose: r.flag(canopy_sys::hot_cstr!("CANOPY_VERBOSE"), d.verbose),
         }
     }
 }

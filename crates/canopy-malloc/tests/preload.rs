@@ -836,6 +836,15 @@ fn cold_function(name: &str) -> bool {
         || name.starts_with("_ZN12canopy_alloc7options19Reader") && name.contains("6report")
         || name.starts_with("_ZN12canopy_alloc7options12nearest_name")
         || name.starts_with("_ZN12canopy_alloc7options18report_misspelling")
+        || [
+            "_ZN12canopy_alloc5arena12init_growing",
+            "_ZN12canopy_alloc5arena13ensure_mapped",
+            "_ZN12canopy_alloc5arena9map_units",
+            "_ZN12canopy_alloc6global11GlobalState9map_holes",
+            "_ZN12canopy_alloc6global11GlobalState16decommit_down_to",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
 }
 
 /// The code every process runs sits together in `.text.canopy_hot` (see
@@ -856,10 +865,12 @@ fn the_code_every_process_runs_sits_in_one_window() {
     let (plt, plt_size) = section(&sections, ".plt");
     let (cold, cold_size) = section(&sections, ".text.canopy_cold");
     let (init, _) = section(&sections, ".init");
+    let (fini, _) = section(&sections, ".fini");
     const WINDOW: u64 = 64 << 10;
     let first = init.min(addr) / WINDOW;
     assert_eq!(first, (plt + plt_size - 1) / WINDOW, ".init at {init:#x}, .text.canopy_hot at {addr:#x} ({size} bytes) and .plt at {plt:#x}: not one 64 KiB window");
     assert_eq!((addr + size - 1) / WINDOW, first);
+    assert_eq!(fini / WINDOW, first, ".fini at {fini:#x}, outside the hot window");
     let out = Command::new("readelf").args(["-lW"]).arg(lib()).output().expect("run readelf (binutils) on the library");
     let segments = text(&out.stdout);
     let code = segments
@@ -900,6 +911,28 @@ fn the_code_every_process_runs_sits_in_one_window() {
         }
     }
     assert!(inside > 20, "only {inside} of the hot functions found");
+    // The read-only data every process reads (the allocator's tables, the
+    // strings read at start) sits with what the loader reads, in a first
+    // segment that ends before the code; the rest of the read-only data
+    // (.rodata, the unwinder's tables) in a segment after the code.
+    let (hot_ro, hot_ro_size) = section(&sections, ".rodata.canopy_hot");
+    let loads: Vec<(u64, u64, String)> = segments
+        .lines()
+        .filter(|l| l.trim_start().starts_with("LOAD"))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let hex = |x: &str| u64::from_str_radix(x.trim_start_matches("0x"), 16).unwrap();
+            (hex(f[2]), hex(f[5]), f[6..f.len() - 1].join(" "))
+        })
+        .collect();
+    let (seg0, seg0_size, flags0) = &loads[0];
+    assert_eq!(flags0, "R", "the first segment is not read-only data: {loads:?}");
+    assert!(*seg0 <= hot_ro && hot_ro + hot_ro_size <= seg0 + seg0_size, ".rodata.canopy_hot at {hot_ro:#x} is not in the first segment {loads:?}");
+    assert!(hot_ro_size > 0x100, ".rodata.canopy_hot holds only {hot_ro_size} bytes: the allocator's tables are elsewhere");
+    for cold_ro in [".rodata", ".eh_frame", ".eh_frame_hdr", ".gcc_except_table"] {
+        let (a, _) = section(&sections, cold_ro);
+        assert!(a > plt, "{cold_ro} at {a:#x} lies before the code ({plt:#x}): it shares the loader's pages");
+    }
     assert!(cold_inside > 3, "only {cold_inside} of the cold functions found");
     assert!(outside.is_empty(), "functions outside their section: {outside:?}");
 }
@@ -925,4 +958,28 @@ fn a_program_has_one_window_of_the_librarys_code_resident() {
     }
     let rss = rss.unwrap_or_else(|| panic!("no code mapping of the library in cat's smaps:\n{smaps}"));
     assert!(rss <= 128, "{rss} KiB of the library's code resident in cat: more than one 64 KiB window (or 128 KiB folio)");
+    // The library's other mappings: the few pages of the first segment,
+    // none of the read-only data after the code, the relocated data (20
+    // KiB) and the writable data (16 KiB).  Before the first segment held
+    // only the loader's pages and the hot tables, it had 64 KiB resident.
+    let mut other = 0;
+    let mut lines = smaps.lines();
+    while let Some(l) = lines.next() {
+        if l.contains("libcanopy_malloc.so") && l.split_whitespace().nth(1) != Some("r-xp") {
+            let r = lines.find(|l| l.starts_with("Rss:")).expect("an Rss line");
+            other += r.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        }
+    }
+    let out = Command::new("readelf").args(["-lW"]).arg(lib()).output().expect("run readelf (binutils) on the library");
+    let first = text(&out.stdout)
+        .lines()
+        .find(|l| l.trim_start().starts_with("LOAD"))
+        .map(|l| u64::from_str_radix(l.split_whitespace().nth(5).unwrap().trim_start_matches("0x"), 16).unwrap())
+        .expect("a LOAD segment");
+    // With packed relocations (a build against glibc 2.36 or later) the
+    // first segment is under 16 KiB; without, `.rela.dyn` alone takes 42.
+    let out = Command::new("readelf").args(["-SW"]).arg(lib()).output().expect("run readelf (binutils) on the library");
+    let first = if text(&out.stdout).contains(".relr.dyn") { first.min(16 << 10) } else { first };
+    let bound = first.div_ceil(4096) * 4 + 40;
+    assert!(other <= bound, "{other} KiB of the library's data resident in cat: more than its first segment ({first} bytes), relocated and writable data ({bound} KiB)");
 }

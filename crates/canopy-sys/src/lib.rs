@@ -220,6 +220,51 @@ pub fn monotonic_coarse_ms() -> u64 {
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
+/// A C string constant kept in the section `.rodata.canopy_hot`, which
+/// `libcanopy_malloc.so` places beside the code every process runs (see
+/// `crates/canopy-malloc/hot-text.ld`).  The kernel maps a shared library's
+/// pages in 64 KiB windows around the pages a process touches, and every
+/// mapped page counts in the process's RSS; a plain `c"..."` literal goes
+/// into the merged string section with every other string of the library
+/// (panic messages, the unwinder's), so reading a few option names at start,
+/// or handing a path to `open`, mapped a window of its own.  Evaluates to a
+/// `&'static CStr`.
+#[macro_export]
+macro_rules! hot_cstr {
+    ($s:literal) => {{
+        const LEN: usize = $s.len() + 1;
+        #[cfg_attr(target_os = "linux", link_section = ".rodata.canopy_hot")]
+        static BYTES: [u8; LEN] = $crate::nul_terminated::<LEN>($s);
+        $crate::hot_cstr_of(&BYTES)
+    }};
+}
+
+/// `s` and a NUL, as an array of exactly `N` bytes, for [`hot_cstr!`].
+/// Fails to compile (in a constant) when `s` holds a NUL or `N` is not its
+/// length plus one.
+pub const fn nul_terminated<const N: usize>(s: &str) -> [u8; N] {
+    let b = s.as_bytes();
+    assert!(b.len() + 1 == N, "N must be the length of the string plus one");
+    let mut out = [0u8; N];
+    let mut i = 0;
+    while i < b.len() {
+        assert!(b[i] != 0, "a C string constant cannot hold a NUL");
+        out[i] = b[i];
+        i += 1;
+    }
+    out
+}
+
+/// The C string of [`hot_cstr!`]'s bytes (made by [`nul_terminated`], so
+/// one NUL, at the end).
+#[inline]
+pub fn hot_cstr_of(bytes: &'static [u8]) -> &'static core::ffi::CStr {
+    match core::ffi::CStr::from_bytes_with_nul(bytes) {
+        Ok(c) => c,
+        Err(_) => unreachable!("hot_cstr bytes are NUL-terminated with no NUL inside"),
+    }
+}
+
 /// Read an environment variable without allocating.  Returns the bytes of the
 /// value (valid for the life of the process unless the environment is changed).
 pub fn getenv(name: &core::ffi::CStr) -> Option<&'static [u8]> {
@@ -331,7 +376,7 @@ fn read_thread_count() -> Option<usize> {
     let mut len = 0usize;
     // SAFETY: the path is NUL-terminated; each read writes inside buf.
     unsafe {
-        let fd = libc::open(c"/proc/self/stat".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        let fd = libc::open(hot_cstr!("/proc/self/stat").as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
         if fd < 0 {
             return None;
         }
@@ -398,6 +443,20 @@ pub fn resident_bytes() -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hot_cstr_is_the_literal_with_one_nul() {
+        let c = hot_cstr!("CANOPY_SYS_HOT");
+        assert_eq!(c.to_bytes_with_nul(), b"CANOPY_SYS_HOT\0");
+        assert_eq!(hot_cstr!("").to_bytes_with_nul(), b"\0");
+        assert_eq!(nul_terminated::<4>("abc"), *b"abc\0");
+    }
+
+    #[test]
+    #[should_panic(expected = "cannot hold a NUL")]
+    fn a_nul_inside_a_hot_cstr_is_refused() {
+        let _ = nul_terminated::<4>("a\0b");
+    }
 
     #[test]
     fn reserve_is_aligned_and_writable() {
