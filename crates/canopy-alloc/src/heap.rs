@@ -508,18 +508,23 @@ impl Heap {
     /// # Safety
     /// `at` is valid for writes of a `Heap` and never moves.
     pub(crate) unsafe fn init_at(at: *mut Heap, id: usize) {
-        /// The fresh heap, built at compile time: written from it, the
-        /// 8 KiB heap is copied straight into place.  Built at run time
-        /// (`at.write(Heap::new_empty())`), it was first assembled on the
-        /// stack, and every thread's first allocation touched 11 KiB of
-        /// stack it never used again (12 KiB more resident per thread).
-        // A template, not a shared value: each use is a fresh copy, which is
-        // what the lint's warning (interior mutability) is about.
-        #[allow(clippy::declare_interior_mutable_const)]
-        const FRESH: Heap = Heap::new_empty();
-        // SAFETY: caller's contract.
+        // The fresh heap is a copy of `EMPTY_HEAP`, which is
+        // `Heap::new_empty()` built at compile time, so the 8 KiB heap is
+        // copied straight into place.  Built at run time
+        // (`at.write(Heap::new_empty())`), it was first assembled on the
+        // stack, and every thread's first allocation touched 11 KiB of
+        // stack it never used again (12 KiB more resident per thread).  A
+        // `const` template of its own was a second 8 KiB image in the
+        // library's relocated data (its pointers to `EMPTY_CURSOR` and
+        // `EMPTY_DESC` are relocated at load), three more pages in every
+        // process.
+        // SAFETY: caller's contract (`at` is room for a heap that nothing
+        // else uses); `EMPTY_HEAP` is never written (see `SyncHeap`), so
+        // its bytes are `Heap::new_empty()`'s, and a heap in that state
+        // holds nothing that a byte copy could duplicate (its lists and
+        // queues are empty, and `inbox`/`spares` are initialised below).
         unsafe {
-            at.write(FRESH);
+            ptr::copy_nonoverlapping(empty_heap() as *const Heap, at, 1);
             (*at).id = id;
             for c in 0..SMALL_CLASSES {
                 for g in granules(c) {
