@@ -525,6 +525,13 @@ impl Heap {
         // queues are empty, and `inbox`/`spares` are initialised below).
         unsafe {
             ptr::copy_nonoverlapping(empty_heap() as *const Heap, at, 1);
+            // A report and an abort, not a panic: this runs under the global
+            // lock, inside an allocation, where a panic would allocate.
+            #[cfg(debug_assertions)]
+            if !(*at).is_pristine() {
+                canopy_sys::write_stderr(b"canopy: invariant broken: EMPTY_HEAP was written, and a new heap would start from its state\n");
+                canopy_sys::abort();
+            }
             (*at).id = id;
             for c in 0..SMALL_CLASSES {
                 for g in granules(c) {
@@ -540,6 +547,40 @@ impl Heap {
                 }
             }
         }
+    }
+
+    /// Whether the heap is in `Heap::new_empty()`'s state in everything a
+    /// thread could have changed (checked on each copy of `EMPTY_HEAP` in
+    /// debug builds): no blocks, slabs, pages, batches or links.
+    #[cfg(debug_assertions)]
+    fn is_pristine(&self) -> bool {
+        let cursor = |c: &Cursor| {
+            c.kept.is_null()
+                && c.taken == 0
+                && c.kept_room == 0
+                && c.desc == empty_desc()
+                && ptr::eq(c.word, &ZERO_WORD)
+                && c.base == 0
+                && c.size == 0
+        };
+        let empty_cursor = &EMPTY_CURSOR.0 as *const Cursor as *mut Cursor;
+        self.direct.iter().all(|&d| d == empty_cursor)
+            && self.cursors.iter().all(cursor)
+            && cursor(&EMPTY_CURSOR.0)
+            && self.cur.iter().all(|&d| d == empty_desc())
+            && self.avail.iter().chain(self.full.iter()).all(|d| d.is_null())
+            && self.remote.iter().all(|r| r.heap.is_null() && r.batch.is_null() && r.count == 0)
+            && self.free_units.is_null()
+            && self.free_pages == 0
+            && self.small_pages == 0
+            && self.allocs == 0
+            && self.batches_made == 0
+            && self.batches_live == 0
+            && self.tid == 0
+            && self.remote_fast_cap == 0
+            && !self.inbox_broken
+            && self.next_all.is_null()
+            && self.next_abandoned.is_null()
     }
 
     // ----- lists of slabs (doubly linked through Desc::next/prev) -----
