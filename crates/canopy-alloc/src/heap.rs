@@ -1078,7 +1078,7 @@ impl Heap {
     ///
     /// # Safety
     /// Called by this heap's thread.
-    unsafe fn return_kept(&mut self, own_only: bool) {
+    pub(crate) unsafe fn return_kept(&mut self, own_only: bool) {
         let me = self as *mut Heap;
         let keep_bytes = crate::options().keep_bytes;
         for c in 0..SMALL_CLASSES {
@@ -1515,6 +1515,9 @@ impl Heap {
                     }
                 }
             }
+            // This heap's blocks on its kept lists are free to the program,
+            // though their bits say live: not in use.
+            let blocks = blocks.saturating_sub(self.own_kept(c));
             self.published.blocks[c].store(blocks, Ordering::Relaxed);
             self.published.slabs[c].store(slabs, Ordering::Relaxed);
         }
@@ -1534,6 +1537,27 @@ impl Heap {
         let unsettled: u64 = self.cursors.iter().map(|k| k.taken).sum();
         self.published.small_allocs.store((self.allocs + unsettled).saturating_sub(self.batches_made), Ordering::Relaxed);
         self.published.pages.store((self.small_pages + self.medium.pages) as u64, Ordering::Relaxed);
+    }
+
+    /// How many of the blocks on class `c`'s kept list are this heap's own
+    /// (the others count in their owners' figures).  Walks at most the
+    /// list's cap, so a list made a cycle by a double unchecked free ends.
+    fn own_kept(&self, c: usize) -> u64 {
+        let me = self as *const Heap as *mut Heap;
+        let cap = kept_cap(c, crate::options().keep_bytes);
+        let (mut n, mut walked, mut b) = (0u64, 0u32, self.cursors[c].kept);
+        while !b.is_null() && walked < cap {
+            // SAFETY: kept blocks are dead small blocks of mapped units,
+            // linked by this thread; their descriptors say whose they are.
+            unsafe {
+                if (*desc(arena::unit_index(b as usize))).heap.load(Ordering::Relaxed) == me {
+                    n += 1;
+                }
+                b = (*b).next;
+            }
+            walked += 1;
+        }
+        n
     }
 
     // ----- thread lifecycle -----

@@ -580,6 +580,22 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
                     if (*(p as *mut Block)).tag != key {
                         let word = &*((base - arena::BITMAP_OFFSET + (i64 + (i >> 6)) * 8) as *const core::sync::atomic::AtomicU64);
                         if let Ok(now) = slab::release_bits(word.load(core::sync::atomic::Ordering::Relaxed), i) {
+                            // A live block of this thread's heap.  While the
+                            // class's kept list has room, the block goes onto
+                            // it, marked in flight (a second free is refused),
+                            // and the next allocation of the class pops it:
+                            // its bit stays clear, so the free stores nothing
+                            // into the bitmap word, whose address it learns
+                            // only after the descriptor load and the slot
+                            // multiplication, and which the next allocation
+                            // would otherwise have to wait for.
+                            let h = (*d).heap.load(canopy_sync::prim::Ordering::Relaxed);
+                            let k = ptr::addr_of_mut!((*h).cursors[(*d).class as usize]);
+                            if (*k).kept_room != 0 {
+                                heap::Cursor::push_kept(k, p as *mut Block);
+                                (*(p as *mut Block)).tag = key;
+                                return;
+                            }
                             word.store(now, core::sync::atomic::Ordering::Relaxed);
                             // The free mark (`free_mark()`).  No count of
                             // live blocks: a slab this empties is found by the

@@ -2423,6 +2423,11 @@ fn activate(size: usize) {
     let p = alloc(size);
     assert!(!p.is_null());
     unsafe { free(p) };
+    // The free kept the block (an own block goes onto the kept list while it
+    // has room): back into its slab, so that the tests count only what they
+    // free themselves.
+    // SAFETY: our own heap.
+    unsafe { (*tls_heap()).return_kept(true) };
 }
 
 /// Blocks the calling thread's heap keeps for class `c`, and its room.
@@ -3030,8 +3035,11 @@ fn unchecked_dealloc_checks_other_heaps_blocks_and_over_aligned_and_big_ones() {
         // SAFETY: a live block of that layout, freed once.
         unsafe { a.dealloc(theirs as *mut u8, l) };
         assert_eq!(kept_of(c), before, "another heap's block is not kept");
-        // Over-aligned, medium and large blocks take the checked path: no
-        // kept list changes, every byte of the next blocks intact.
+        // Over-aligned, medium and large blocks take the checked path: medium
+        // and large ones change no kept list; a small over-aligned block of
+        // this heap, checked, goes onto the kept list of the class its slab
+        // says (as every checked free of an own small block does while the
+        // list has room), never onto another class's.
         for (size, align) in [(64usize, 64usize), (100, 32), (20_000, 8), (300_000, 16)] {
             // SAFETY: as above.
             unsafe {
@@ -3040,9 +3048,16 @@ fn unchecked_dealloc_checks_other_heaps_blocks_and_over_aligned_and_big_ones() {
                 assert_eq!(p as usize % align, 0);
                 fill(p, size, 3);
                 let kept_before: Vec<_> = (0..SMALL_CLASSES).map(kept_of).collect();
+                let class = (size <= crate::size_class::SMALL_MAX)
+                    .then(|| (*crate::arena::desc(crate::arena::unit_index(p as usize))).class as usize);
                 a.dealloc(p, layout(size, align));
                 let kept_after: Vec<_> = (0..SMALL_CLASSES).map(kept_of).collect();
-                assert_eq!(kept_before, kept_after, "{size} B aligned to {align}");
+                for c in 0..SMALL_CLASSES {
+                    let grew = Some(c) == class && !options().check;
+                    let (b, a) = (kept_before[c], kept_after[c]);
+                    let want = if grew { (b.0 + 1, b.1 - 1) } else { b };
+                    assert_eq!(a, want, "{size} B aligned to {align}: class {c}");
+                }
             }
         }
         collect();
@@ -3283,4 +3298,53 @@ fn a_kept_list_in_a_cycle_is_reported_not_walked_forever() {
         check_invariants().unwrap();
     });
     assert_eq!(report::bad_frees(), before + 1, "the broken list was reported, once");
+}
+
+#[test]
+fn an_own_block_freed_goes_onto_the_kept_list_and_comes_back_first_once() {
+    let _g = serial();
+    if options().check || options().keep_bytes == 0 {
+        return; // nothing is kept; check mode aborts on the bad free
+    }
+    let before = report::bad_frees();
+    let c = small_class_index(96);
+    let cap = crate::heap::kept_cap(c, options().keep_bytes);
+    on_thread_with_heap(move || {
+        activate(96);
+        let (n0, room0) = kept_of(c);
+        assert_eq!((n0, room0), (0, cap));
+        let blocks: Vec<*mut u8> = (0..cap as usize + 3).map(|_| alloc(96)).collect();
+        let in_use = stats::snapshot().classes[c].blocks_in_use;
+        // SAFETY: live blocks of this thread, freed once (the second free of
+        // `blocks[0]` below is the bad free under test, refused).
+        unsafe {
+            free(blocks[0]);
+            assert_eq!(kept_of(c), (1, cap - 1), "the free kept the block");
+            assert!(!free_in_bitmap(blocks[0] as usize), "a kept block is live in its slab");
+            free(blocks[0]);
+            assert_eq!(kept_of(c), (1, cap - 1), "a second free is refused, not linked twice");
+            // Its statistics say free.
+            assert_eq!(stats::snapshot().classes[c].blocks_in_use, in_use - 1);
+            // The list takes the room it has; the rest go back into the slab.
+            for &p in &blocks[1..] {
+                free(p);
+            }
+            assert_eq!(kept_of(c), (cap as usize, 0));
+            assert_eq!(blocks.iter().filter(|&&p| free_in_bitmap(p as usize)).count(), 3);
+            assert_eq!(stats::snapshot().classes[c].blocks_in_use, in_use - blocks.len() as u64);
+            // Newest first, each once.
+            let again: Vec<*mut u8> = (0..cap as usize).map(|_| alloc(96)).collect();
+            let want: Vec<*mut u8> = blocks[..cap as usize].iter().rev().copied().collect();
+            assert_eq!(again, want);
+            assert_eq!(kept_of(c), (0, cap));
+            for p in again {
+                free(p);
+            }
+            collect();
+            assert_eq!(kept_of(c), (0, cap), "collect() puts the kept blocks back");
+            assert!(blocks.iter().all(|&p| free_in_bitmap(p as usize)));
+        }
+        check_invariants().unwrap();
+    });
+    assert_eq!(report::bad_frees(), before + 1);
 }
