@@ -589,8 +589,13 @@ unsafe fn free_inner(p: *mut u8, call: &'static str, expected: usize) {
                             // only after the descriptor load and the slot
                             // multiplication, and which the next allocation
                             // would otherwise have to wait for.
+                            // `owner` is this thread: a SMALL slab of this
+                            // thread's heap `h`, whose class is a small class
+                            // index (below SMALL_CLASSES), so the cursor is
+                            // one of `h`'s, with no bounds test.
                             let h = (*d).heap.load(canopy_sync::prim::Ordering::Relaxed);
-                            let k = ptr::addr_of_mut!((*h).cursors[(*d).class as usize]);
+                            debug_assert!(((*d).class as usize) < size_class::SMALL_CLASSES);
+                            let k = ptr::addr_of_mut!((*h).cursors).cast::<heap::Cursor>().add((*d).class as usize);
                             if (*k).kept_room != 0 {
                                 heap::Cursor::push_kept(k, p as *mut Block);
                                 (*(p as *mut Block)).tag = key;
