@@ -10,7 +10,7 @@
 //! | `CANOPY_DECAY_MS` | 1000 | how long free memory may stay above `CANOPY_RETAIN_MB` before it is decommitted (0: at once); a program that frees and allocates the same memory again within that time keeps it committed |
 //! | `CANOPY_HEAP_RETAIN_PAGES` | 2 | fully free 1 MiB pages a thread heap keeps before giving them back to the global heap |
 //! | `CANOPY_LARGE_CACHE_KB` | 4096 | freed large chunks of up to 1 MiB a thread keeps for its next large requests of the same size, without the global lock (0: none); at most `CANOPY_RETAIN_MB` divided by the threads with heaps |
-//! | `CANOPY_KEEP_KB` | 4 | blocks of other threads a thread frees that it keeps for its own next allocations of the same size class, per class (0: none; only classes whose blocks are whole cache lines, multiples of 64 bytes; at least one block of each); the rest go home in batches |
+//! | `CANOPY_KEEP_KB` | 16 | blocks a thread frees that it keeps for its own next allocations of the same size class, per class: its own heap's, and other threads' where they are whole cache lines (multiples of 64 bytes) (0: none; at least one block of each); the rest go into their slabs or home in batches |
 //! | `CANOPY_REMOTE_BATCH` | 32 | frees to another thread's memory collected per destination before one swap sends them (at most 1021, the pointers a batch block holds) |
 //! | `CANOPY_HUGE_PAGES` | 0 | ask for transparent huge pages on the arena |
 //! | `CANOPY_SOLO_UNLOCKED` | 1 | the global heap takes no lock while only one thread has a heap (if Canopy started in a process with one thread: `solo::init`) |
@@ -66,7 +66,7 @@ impl Options {
         decay_ms: 1000,
         heap_retain_pages: 2,
         large_cache_bytes: 4 << 20,
-        keep_bytes: 4 << 10,
+        keep_bytes: 16 << 10,
         remote_batch: 32,
         huge_pages: false,
         solo_unlocked: true,
